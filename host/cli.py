@@ -1,0 +1,106 @@
+"""``gptfpga``: the command line. Each subcommand is a thin layer over a library call.
+
+User mistakes (bad config, bad flag values, missing files) print one line on stderr and exit
+with code 2; they never print a traceback.
+"""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from gen.config import ConfigError, load_config
+
+from .errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default_out(config_path):
+    return ROOT / "build" / Path(config_path).stem
+
+
+def cmd_emit(args):
+    from gen.emit import emit
+    cfg = load_config(args.config)
+    out = Path(args.out) if args.out else _default_out(args.config)
+    written = emit(cfg, out, tops=args.top or None)
+    for top, path in written.items():
+        print(f"{top}: {path}")
+    print(f"config: {out / 'config.json'}")
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def cmd_lint(args):
+    from gen.lint import lint
+    status = 0
+    for config in args.config:
+        cfg = load_config(config)
+        out = _default_out(config) / "lint"
+        results = lint(cfg, out)
+        for top, warnings in results.items():
+            if warnings:
+                status = 1
+                print(f"{cfg.name}/{top}: {len(warnings)} warning(s)")
+                for w in warnings:
+                    print(f"  {w}")
+            else:
+                print(f"{cfg.name}/{top}: clean")
+    return status
+
+
+def cmd_sim(args):
+    load_config(args.config)   # a bad config fails here, with one line, not inside pytest
+    cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests"), "-m", "rtl", "--config",
+           str(Path(args.config).resolve()), *args.pytest_args]
+    if args.seed is not None:
+        cmd += ["--seed", str(args.seed)]
+    return subprocess.call(cmd, cwd=ROOT)
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("emit", help="write the Verilog of each top, the resolved config and a report")
+    e.add_argument("config", help="appliance config (YAML)")
+    e.add_argument("-o", "--out", help="output folder (default build/<config name>)")
+    e.add_argument("--top", action="append", help="emit only this top (repeatable)")
+    e.set_defaults(func=cmd_emit)
+
+    lt = sub.add_parser("lint", help="Verilator -Wall lint of the emitted RTL")
+    lt.add_argument("config", nargs="+", help="appliance config(s) (YAML)")
+    lt.set_defaults(func=cmd_lint)
+
+    s = sub.add_parser("sim", help="run the cocotb regressions for a config in Verilator")
+    s.add_argument("config", help="appliance config (YAML)")
+    s.add_argument("--seed", type=int, help="seed for the randomized tests")
+    s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    s.set_defaults(func=cmd_sim)
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "emit" and args.top:
+        from gen.tops import TOPS
+        for t in args.top:
+            if t not in TOPS:
+                return _fail(f"--top: got {t!r}; allowed: {', '.join(TOPS)}")
+    try:
+        return args.func(args)
+    except (ConfigError, UserError) as e:
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+
+
+def _fail(msg):
+    print(f"gptfpga: error: {msg}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Stream utilities shared by the core and the link ports."""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["SkidBuffer"]
+
+
+class SkidBuffer(wiring.Component):
+    """Register slice for a valid/ready stream, full throughput, all outputs registered.
+
+    Cuts the combinational paths in both directions (``o.valid``/``o.payload`` and ``i.ready``
+    all come from flops), at one cycle of latency, so that a stream can cross a long route at
+    300 MHz. Two entries: the output register and a skid register that catches the beat
+    accepted in the cycle the consumer stalls.
+
+    Parameters
+    ----------
+    shape : ShapeLike
+        Payload shape.
+
+    Members
+    -------
+    i : ``In(stream.Signature(shape))``
+    o : ``Out(stream.Signature(shape))``
+    """
+
+    def __init__(self, shape):
+        self._shape = shape
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        held = Signal.like(self.i.payload, name="held")
+        skid_full = Signal()
+
+        # i.ready is registered: it is "the skid register is empty".
+        m.d.comb += self.i.ready.eq(~skid_full)
+        with m.If(self.o.ready | ~self.o.valid):
+            # Output register is free this cycle: fill it from the skid, else from the input.
+            with m.If(skid_full):
+                m.d.sync += [self.o.payload.eq(held), self.o.valid.eq(1), skid_full.eq(0)]
+            with m.Else():
+                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(self.i.valid)]
+        with m.Elif(self.i.valid & ~skid_full):
+            # Output stalled while a beat arrives: park it in the skid register.
+            m.d.sync += [held.eq(self.i.payload), skid_full.eq(1)]
+        return m

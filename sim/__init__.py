@@ -1,0 +1,1 @@
+"""Simulation: Verilator/cocotb harnesses, HBM and link models, numpy references (sim/ref)."""

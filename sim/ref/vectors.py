@@ -1,0 +1,190 @@
+"""Test vectors for the arithmetic units: corner cases first, then seeded random vectors.
+
+``unit_vectors(name, n_random, rng)`` returns a tuple of input arrays (one per operand) and
+the reference function; every corner case the numerics contract names is in the corner set:
+signed zeros, infinities, NaNs (quiet, signalling, negative), largest and smallest normals,
+subnormals, rounding ties, overflow and underflow boundaries, catastrophic cancellation.
+"""
+
+import numpy as np
+
+from . import arith as A
+
+__all__ = ["UNIT_REFS", "unit_vectors", "exhaustive_vectors"]
+
+UNIT_REFS = {
+    "fp16_mul_fp32": A.fp16_mul_to_fp32,
+    "fp32_add": A.fp32_add,
+    "fp32_mul": A.fp32_mul,
+    "fp16_to_fp32": A.fp16_to_fp32,
+    "fp32_to_fp16": A.fp32_to_fp16,
+    "fp32_max": A.fp32_max,
+    "fp32_min": A.fp32_min,
+    "int8_to_fp16": A.int8_to_fp16,
+    "exp": A.exp,
+    "recip": A.recip,
+    "rsqrt": A.rsqrt,
+    "gelu": A.gelu,
+}
+
+ARITY = {"fp16_mul_fp32": 2, "fp32_add": 2, "fp32_mul": 2, "fp32_max": 2, "fp32_min": 2}
+IN_BITS = {"fp16_mul_fp32": 16, "fp16_to_fp32": 16, "int8_to_fp16": 8}
+
+F32_SPECIALS = np.array([
+    0x00000000, 0x80000000,              # +-0
+    0x7F800000, 0xFF800000,              # +-inf
+    0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF, 0xFFFFFFFF,   # NaNs: quiet, signalling
+    0x00800000, 0x80800000,              # smallest normals
+    0x7F7FFFFF, 0xFF7FFFFF,              # largest normals
+    0x00000001, 0x807FFFFF, 0x00400000,  # subnormals (DAZ: count as zero)
+    0x3F800000, 0xBF800000, 0x3F800001, 0x3F7FFFFF, 0x40000000, 0x3F000000,
+    0x33800000, 0x33800001, 0x337FFFFF,  # 2^-24 and neighbours: ties against 1.0
+    0x4B000000, 0x4B800000, 0x34000000,
+], dtype=np.uint32)
+
+F16_SPECIALS = np.array([
+    0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0x7DFF,
+    0x0400, 0x8400, 0x7BFF, 0xFBFF, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0200,
+    0x3C00, 0xBC00, 0x3C01, 0x3BFF, 0x4000, 0x3800,
+], dtype=np.uint16)
+
+
+def _pairs(values):
+    a, b = np.meshgrid(values, values, indexing="ij")
+    return a.ravel(), b.ravel()
+
+
+def _near(rng, n, lo_exp, hi_exp):
+    """fp32 values with biased exponents in [lo_exp, hi_exp] and random signs/mantissas."""
+    e = rng.integers(lo_exp, hi_exp + 1, n, dtype=np.uint32)
+    return (rng.integers(0, 2, n, dtype=np.uint32) << 31) | (e << 23) | \
+        rng.integers(0, 1 << 23, n, dtype=np.uint32)
+
+
+def _rand32(rng, n):
+    """A mix: uniform bit patterns, similar exponents (cancellation), the ML range."""
+    k = n // 4
+    u = rng.integers(0, 1 << 32, k, dtype=np.uint64).astype(np.uint32)
+    ml = A.bits32(rng.standard_normal(k) * np.exp(rng.uniform(-8, 8, k)))
+    lo = _near(rng, k, 1, 40)
+    hi = _near(rng, n - 3 * k, 200, 254)
+    return np.concatenate([u, ml, lo, hi])
+
+
+def _add_corners(rng):
+    a, b = _pairs(F32_SPECIALS)
+    extra_a, extra_b = [a], [b]
+    # catastrophic cancellation: x + -(x +- few ulps), and x + -x
+    x = _near(rng, 4000, 1, 254)
+    d = rng.integers(-3, 4, 4000).astype(np.int64)
+    y = ((x.astype(np.int64) + d) & 0x7FFFFFFF).astype(np.uint32) | (~x & 0x80000000)
+    extra_a += [x, x]
+    extra_b += [y, x ^ np.uint32(0x80000000)]
+    # every exponent difference 0..40 with ties: b = half an ulp of a, and neighbours
+    for diff in range(0, 41):
+        xa = _near(rng, 200, 100, 200)
+        eb = ((xa >> 23) & 0xFF) - np.uint32(min(diff, 99))
+        xb = (rng.integers(0, 2, 200, dtype=np.uint32) << 31) | (eb << 23) | \
+            rng.choice(np.array([0, 1, 0x7FFFFF, 0x400000, 0x3FFFFF], np.uint32), 200)
+        extra_a.append(xa)
+        extra_b.append(xb)
+    # sums near the underflow boundary and near overflow
+    extra_a += [_near(rng, 3000, 1, 3), _near(rng, 3000, 252, 254)]
+    extra_b += [_near(rng, 3000, 1, 3), _near(rng, 3000, 252, 254)]
+    return np.concatenate(extra_a), np.concatenate(extra_b)
+
+
+def _mul_corners(rng):
+    a, b = _pairs(F32_SPECIALS)
+    extra_a, extra_b = [a], [b]
+    # products around 2^-126 (FTZ after IEEE rounding) and around the overflow boundary
+    for target in (2.0**-126, 2.0**-127, 2.0**128, 2.0**-149):
+        xa = A.bits32(np.exp2(rng.uniform(-60, 60, 4000)) * rng.choice([-1, 1], 4000))
+        xb = A.bits32(target / A.f32(xa).astype(np.float64))
+        for delta in range(-4, 5):
+            extra_a.append(xa)
+            extra_b.append((xb.astype(np.int64) + delta).astype(np.uint32))
+    # exact min-normal round-up: significand product of all ones at exponent 0
+    x = np.float32(2.0**-63)
+    extra_a.append(A.bits32(np.array([x * np.float32(1 - 2**-24) * 2, x], np.float32)))
+    extra_b.append(A.bits32(np.array([x, x * np.float32(1 - 2**-24) * 2], np.float32)))
+    # ties: products whose dropped half is exactly 1/2
+    xa = A.bits32(1 + rng.integers(0, 1 << 12, 3000) * 2.0**-12)
+    xb = A.bits32(1 + rng.integers(0, 1 << 12, 3000) * 2.0**-12)
+    extra_a.append(xa)
+    extra_b.append(xb)
+    return np.concatenate(extra_a), np.concatenate(extra_b)
+
+
+def _to16_corners(rng):
+    near = np.array([65504, 65519, 65520, 65521, 65536, 2.0**-14, 2.0**-24, 2.0**-25,
+                     3 * 2.0**-26, 2.0**-25 * 1.0000001, 2.0**-14 - 2.0**-25, 2.0**-14 - 2.0**-26,
+                     1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-11 + 2.0**-20, 1e-10, 1e10], np.float64)
+    near = np.concatenate([near, -near])
+    # every fp16 value and the midpoints between neighbours (ties), as fp32
+    h = np.arange(0x7C00, dtype=np.uint32)
+    vals = A.f32(A.fp16_to_fp32(h.astype(np.uint16))).astype(np.float64)
+    mids = (vals[:-1] + vals[1:]) / 2
+    allv = np.concatenate([vals, mids, -mids])
+    return np.concatenate([F32_SPECIALS, A.bits32(near), A.bits32(allv)])
+
+
+def _special_inputs(name, rng, n):
+    ranges = {"exp": (-110.0, 95.0), "recip": (-1e4, 1e4), "rsqrt": (1e-6, 1e6), "gelu": (-12.0, 12.0)}
+    lo, hi = ranges[name]
+    dense = A.bits32(rng.uniform(lo, hi, n // 2))
+    if name in ("recip", "rsqrt"):
+        dense = A.bits32(np.exp2(rng.uniform(-126, 127, n // 2)) * (1 if name == "rsqrt" else
+                                                                    rng.choice([-1, 1], n // 2)))
+    u = rng.integers(0, 1 << 32, n - n // 2, dtype=np.uint64).astype(np.uint32)
+    return np.concatenate([dense, u])
+
+
+def unit_vectors(name, n_random, rng):
+    """(inputs tuple, reference) for unit ``name``: corners first, then ``n_random`` vectors."""
+    ref = UNIT_REFS.get(name)
+    if name in ("fp32_add", "fp32_max", "fp32_min"):
+        ca, cb = _add_corners(rng)
+        ra, rb = _rand32(rng, n_random), _rand32(rng, n_random)
+        rb[: n_random // 4] = (ra[: n_random // 4] ^ 0x80000000) + rng.integers(
+            0, 3, n_random // 4).astype(np.uint32)   # near-cancelling pairs
+        return (np.concatenate([ca, ra]), np.concatenate([cb, rb])), ref
+    if name == "fp32_mul":
+        ca, cb = _mul_corners(rng)
+        return (np.concatenate([ca, _rand32(rng, n_random)]),
+                np.concatenate([cb, _rand32(rng, n_random)])), ref
+    if name == "fp16_mul_fp32":
+        ca, cb = _pairs(F16_SPECIALS)
+        allh = np.arange(65536, dtype=np.uint16)
+        fixed = np.resize(F16_SPECIALS, 65536)
+        ra = rng.integers(0, 1 << 16, n_random, dtype=np.uint32).astype(np.uint16)
+        rb = rng.integers(0, 1 << 16, n_random, dtype=np.uint32).astype(np.uint16)
+        return (np.concatenate([ca, allh, ra]), np.concatenate([cb, fixed, rb])), ref
+    if name == "fp16_to_fp32":
+        return (np.concatenate([np.arange(65536, dtype=np.uint16),
+                                rng.integers(0, 1 << 16, n_random, dtype=np.uint32).astype(np.uint16)]),), ref
+    if name == "int8_to_fp16":
+        return (np.concatenate([np.arange(256, dtype=np.uint8),
+                                rng.integers(0, 256, n_random, dtype=np.uint32).astype(np.uint8)]),), ref
+    if name == "fp32_to_fp16":
+        return (np.concatenate([_to16_corners(rng), _rand32(rng, n_random)]),), ref
+    if name.startswith("adder_tree"):
+        width = int(name.split("_")[-1])
+        rows = [_rand32(rng, n_random * width).reshape(n_random, width)]
+        # rows that cancel to zero, rows with one special, rows mixing huge and tiny values
+        c = _rand32(rng, 1000 * width).reshape(1000, width)
+        c[:, 1::2] = c[:, 0::2] ^ np.uint32(0x80000000)
+        sp = _near(rng, 2000 * width, 120, 135).reshape(2000, width)
+        sp[np.arange(2000), rng.integers(0, width, 2000)] = rng.choice(F32_SPECIALS, 2000)
+        mix = _near(rng, 2000 * width, 1, 254).reshape(2000, width)
+        rows = [c, sp, mix] + rows
+        return (np.concatenate(rows),), A.adder_tree
+    if name in ("exp", "recip", "rsqrt", "gelu"):
+        return (np.concatenate([F32_SPECIALS, exhaustive_vectors()[0],
+                                _special_inputs(name, rng, n_random)]),), ref
+    raise KeyError(name)
+
+
+def exhaustive_vectors():
+    """Every fp16 value as fp32: the dense sweep for the fp32 special functions."""
+    return (A.fp16_to_fp32(np.arange(65536, dtype=np.uint16)),)

@@ -5,6 +5,7 @@
 #   make sim   [CONFIG=]  cocotb regressions of the config's RTL in Verilator
 #   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
 #   make soak             the long randomized runs (not part of make test)
+#   make synth            Yosys resource estimates (UltraScale+) of the arithmetic units
 
 CONFIG ?= configs/tiny.yaml
 NAME    = $(basename $(notdir $(CONFIG)))
@@ -13,7 +14,7 @@ PY      = $(VENV)/bin/python
 GPTFPGA = $(VENV)/bin/gptfpga
 PYTHON ?= python3
 
-.PHONY: setup test rtl sim lint soak clean
+.PHONY: setup test rtl sim lint soak synth clean
 
 setup: $(VENV)/.installed
 
@@ -39,6 +40,9 @@ lint: setup
 
 soak: setup
 	$(PY) -m pytest -q -m soak
+
+synth: setup
+	$(GPTFPGA) synth --arith
 
 clean:
 	rm -rf build sim_build

@@ -59,6 +59,27 @@ def cmd_sim(args):
     return subprocess.call(cmd, cwd=ROOT)
 
 
+def cmd_synth(args):
+    import json
+
+    from gen.synth import arith_table, synth_arith
+    out = ROOT / "build" / "synth"
+    if not args.arith:
+        raise UserError("synth: give --arith (per-unit estimates); whole-card synthesis is not built yet")
+    names = args.unit or None
+    if names:
+        from gen.synth import arith_units
+        for n in names:
+            if n not in arith_units():
+                raise UserError(f"--unit: got {n!r}; allowed: {', '.join(arith_units())}")
+    results = synth_arith(out / "arith", names)
+    (out / "arith.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / "arith.md").write_text(arith_table(results))
+    print(arith_table(results), end="")
+    print(f"wrote {out / 'arith.json'} and {out / 'arith.md'}")
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -78,6 +99,10 @@ def build_parser():
     s.add_argument("--seed", type=int, help="seed for the randomized tests")
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     s.set_defaults(func=cmd_sim)
+    sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
+    sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
+    sy.add_argument("--unit", action="append", help="only this unit (repeatable)")
+    sy.set_defaults(func=cmd_synth)
     return p
 
 

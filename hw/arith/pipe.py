@@ -49,7 +49,7 @@ class Pipeline:
             raise ValueError(f"value of stage {node.stage} wanted at earlier stage {stage}")
         while len(node._chain) <= stage - node.stage:
             prev = node._chain[-1]
-            r = Signal(prev.shape(), name=self._fresh("d"))
+            r = Signal(prev.shape(), name=self._fresh("d"), reset_less=True)
             self.m.d.sync += r.eq(prev)
             node._chain.append(r)
         return node._chain[stage - node.stage]
@@ -78,7 +78,7 @@ class Pipeline:
         v = fn(*(self.at(n, st) for n in nodes))
         if not reg:
             return Node(v, st)
-        r = Signal(v.shape(), name=self._fresh("r"))
+        r = Signal(v.shape(), name=self._fresh("r"), reset_less=True)
         self.m.d.sync += r.eq(v)
         return Node(r, st + 1)
 

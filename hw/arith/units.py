@@ -2,6 +2,9 @@
 (``LATENCY``, in cycles from input to registered output) and no handshake: whoever uses a
 unit carries the valid bit alongside (see :mod:`hw.arith.pipe`).
 
+Datapath registers have no reset (``reset_less``): a pipeline of values needs none, and
+without one Vivado and Yosys can pack delay lines into SRL shift registers.
+
 Bit-exact references: :mod:`sim.ref.arith`. Numerics contract: docs/numerics.md.
 """
 
@@ -45,17 +48,17 @@ class Fp32Add(wiring.Component):
         e_big, e_small = Mux(swap, eb, ea), Mux(swap, ea, eb)
         f_big, f_small = Mux(swap, fb, fa), Mux(swap, fa, fb)
         z_big, z_small = Mux(swap, zb, za), Mux(swap, za, zb)
-        s1_sign = Signal()
-        s1_sub = Signal()
-        s1_e = Signal(8)
-        s1_mbig = Signal(24)
-        s1_msmall = Signal(24)
-        s1_d = Signal(5)
-        s1_nan = Signal()
-        s1_inf = Signal()
-        s1_infsign = Signal()
-        s1_bothzero = Signal()
-        s1_zerosign = Signal()
+        s1_sign = Signal(reset_less=True)
+        s1_sub = Signal(reset_less=True)
+        s1_e = Signal(8, reset_less=True)
+        s1_mbig = Signal(24, reset_less=True)
+        s1_msmall = Signal(24, reset_less=True)
+        s1_d = Signal(5, reset_less=True)
+        s1_nan = Signal(reset_less=True)
+        s1_inf = Signal(reset_less=True)
+        s1_infsign = Signal(reset_less=True)
+        s1_bothzero = Signal(reset_less=True)
+        s1_zerosign = Signal(reset_less=True)
         diff = e_big - e_small
         m.d.sync += [
             s1_sign.eq(Mux(swap, sb, sa)),
@@ -74,28 +77,28 @@ class Fp32Add(wiring.Component):
         # -- 2: align: 24-bit significand + guard, round, sticky (bits shifted out OR into S)
         wide = Signal(54)
         m.d.comb += wide.eq(Cat(Const(0, 27), Const(0, 3), s1_msmall) >> s1_d)
-        s2_small = Signal(27)
+        s2_small = Signal(27, reset_less=True)
         s2 = _carry(m, s1_sign, s1_sub, s1_e, s1_mbig, s1_nan, s1_inf, s1_infsign, s1_bothzero,
                     s1_zerosign, name="s2")
         m.d.sync += s2_small.eq(Cat(wide[27] | (wide[0:27] != 0), wide[28:54]))
 
         # -- 3: add or subtract (the big operand is never smaller: no negative results)
         big27 = Cat(Const(0, 3), s2["mbig"])
-        s3_sum = Signal(28)
+        s3_sum = Signal(28, reset_less=True)
         m.d.sync += s3_sum.eq(Mux(s2["sub"], big27 - s2_small, big27 + s2_small))
         s3 = _carry(m, *s2.values(), name="s3")
 
         # -- 4: leading zeros of the 27 bits below the carry
         lz = lzc(m, s3_sum[0:27])
-        s4_sum = Signal(28)
-        s4_lz = Signal(5)
+        s4_sum = Signal(28, reset_less=True)
+        s4_lz = Signal(5, reset_less=True)
         m.d.sync += [s4_sum.eq(s3_sum), s4_lz.eq(lz)]
         s4 = _carry(m, *s3.values(), name="s4")
 
         # -- 5: normalize to a leading one at bit 26 (right by one on carry, else left by lz)
-        s5_norm = Signal(27)
-        s5_exp = Signal(signed(11))
-        s5_cancel = Signal()
+        s5_norm = Signal(27, reset_less=True)
+        s5_exp = Signal(signed(11), reset_less=True)
+        s5_cancel = Signal(reset_less=True)
         with m.If(s4_sum[27]):
             m.d.sync += [s5_norm.eq(Cat(s4_sum[0] | s4_sum[1], s4_sum[2:28])),
                          s5_exp.eq(s4["e"] + 1)]
@@ -122,7 +125,7 @@ def _carry(m, sign, sub, e, mbig, nan, inf, infsign, bothzero, zerosign, *, name
     names = ["sign", "sub", "e", "mbig", "nan", "inf", "infsign", "bothzero", "zerosign"]
     out = {}
     for n, v in zip(names, [sign, sub, e, mbig, nan, inf, infsign, bothzero, zerosign], strict=True):
-        r = Signal.like(v, name=f"{name}_{n}")
+        r = Signal.like(v, name=f"{name}_{n}", reset_less=True)
         m.d.sync += r.eq(v)
         out[n] = r
     return out
@@ -145,19 +148,19 @@ class Fp32Mul(wiring.Component):
         m = Module()
         sa, ea, fa, za, ia, na = unpack32(self.a)
         sb, eb, fb, zb, ib, nb = unpack32(self.b)
-        s1_ma, s1_mb = Signal(24), Signal(24)
-        s1_exp = Signal(signed(11))
-        s1_flags = Signal(4)    # sign, zero, inf, nan
+        s1_ma, s1_mb = Signal(24, reset_less=True), Signal(24, reset_less=True)
+        s1_exp = Signal(signed(11), reset_less=True)
+        s1_flags = Signal(4, reset_less=True)    # sign, zero, inf, nan
         m.d.sync += [
             s1_ma.eq(Cat(fa, 1)),
             s1_mb.eq(Cat(fb, 1)),
             s1_exp.eq(ea + eb - 127),
             s1_flags.eq(Cat(sa ^ sb, za | zb, ia | ib, na | nb | (ia & zb) | (ib & za))),
         ]
-        s2_p = Signal(48)
-        s3_p = Signal(48)
-        s2_exp, s3_exp = Signal(signed(11)), Signal(signed(11))
-        s2_flags, s3_flags = Signal(4), Signal(4)
+        s2_p = Signal(48, reset_less=True)
+        s3_p = Signal(48, reset_less=True)
+        s2_exp, s3_exp = Signal(signed(11), reset_less=True), Signal(signed(11), reset_less=True)
+        s2_flags, s3_flags = Signal(4, reset_less=True), Signal(4, reset_less=True)
         m.d.sync += [s2_p.eq(s1_ma * s1_mb), s2_exp.eq(s1_exp), s2_flags.eq(s1_flags),
                      s3_p.eq(s2_p), s3_exp.eq(s2_exp), s3_flags.eq(s2_flags)]
         hi = s3_p[47]
@@ -206,17 +209,17 @@ class Fp16MulFp32(wiring.Component):
         sigb, expb = _norm16(m, eb, fb, "b")
         zero_a = za & (fa == 0)
         zero_b = zb & (fb == 0)
-        s1_ma, s1_mb = Signal(11), Signal(11)
-        s1_exp = Signal(signed(8))
-        s1_flags = Signal(4)
+        s1_ma, s1_mb = Signal(11, reset_less=True), Signal(11, reset_less=True)
+        s1_exp = Signal(signed(8), reset_less=True)
+        s1_flags = Signal(4, reset_less=True)
         m.d.sync += [
             s1_ma.eq(siga), s1_mb.eq(sigb), s1_exp.eq(expa + expb),
             s1_flags.eq(Cat(sa ^ sb, zero_a | zero_b, ia | ib,
                             na | nb | (ia & zero_b) | (ib & zero_a))),
         ]
-        s2_p = Signal(22)
-        s2_exp = Signal(signed(8))
-        s2_flags = Signal(4)
+        s2_p = Signal(22, reset_less=True)
+        s2_exp = Signal(signed(8), reset_less=True)
+        s2_flags = Signal(4, reset_less=True)
         m.d.sync += [s2_p.eq(s1_ma * s1_mb), s2_exp.eq(s1_exp), s2_flags.eq(s1_flags)]
         hi = s2_p[21]
         frac = Mux(hi, Cat(Const(0, 2), s2_p[0:21]), Cat(Const(0, 3), s2_p[0:20]))
@@ -272,11 +275,11 @@ class Fp32ToFp16(wiring.Component):
         s, e, f, z, inf, nan = unpack32(self.a)
         eh = Signal(signed(10))
         m.d.comb += eh.eq(e - 112)                 # fp16 biased exponent if normal
-        s1_sign = Signal()
-        s1_sig = Signal(24)
-        s1_eh = Signal(signed(10))
-        s1_shift = Signal(5)                       # right shift for subnormal results
-        s1_kind = Signal(2)                        # 0 finite, 1 zero, 2 inf, 3 nan
+        s1_sign = Signal(reset_less=True)
+        s1_sig = Signal(24, reset_less=True)
+        s1_eh = Signal(signed(10), reset_less=True)
+        s1_shift = Signal(5, reset_less=True)                       # right shift for subnormal results
+        s1_kind = Signal(2, reset_less=True)                        # 0 finite, 1 zero, 2 inf, 3 nan
         shift = 14 - eh
         m.d.sync += [
             s1_sign.eq(s), s1_sig.eq(Cat(f, 1)), s1_eh.eq(eh),

@@ -83,6 +83,16 @@ class CoreConfig:
     width: int = _spec(int, "matrix unit dot-product width: inputs per lane per cycle",
                        lo=2, hi=256, pow2=True)
     weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8"))
+    vector_lanes: int = _spec(int, "vector unit lanes: fp32 elements per cycle (divides lanes)",
+                              lo=1, hi=64, pow2=True)
+    vsp_words: int = _spec(int, "vector scratchpad capacity in fp32 words", lo=1024, hi=1 << 16,
+                           pow2=True)
+    vsp_segments: int = _spec(int, "independently ported VSP segments (by address range)",
+                              lo=1, hi=16, pow2=True)
+    xb_words: int = _spec(int, "matrix-unit input buffer capacity in fp16 words", lo=256,
+                          hi=1 << 16, pow2=True)
+    weight_fifo_tiles: int = _spec(int, "weight FIFO depth in tiles (prefetch ahead of the MPU)",
+                                   lo=16, hi=1 << 16, pow2=True)
     limits: LimitsConfig = _spec(LimitsConfig, "largest model the build supports")
 
     @property
@@ -140,16 +150,25 @@ class ApplianceConfig:
 
     def __post_init__(self):
         need, have = self.weight_bytes_per_cycle, self.hbm_port_bytes_per_cycle
-        if need > have:
+        if need != have:
             raise ConfigError(
                 f"core.lanes x core.width: got {self.core.lanes} x {self.core.width} "
-                f"{self.core.weight_dtype} weights = {need} bytes/cycle; allowed: at most what "
+                f"{self.core.weight_dtype} weights = {need} bytes/cycle; allowed: exactly what "
                 f"hbm.channels x hbm.data_bits/8 = {self.hbm.channels} x {self.hbm.data_bits // 8}"
-                f" = {have} bytes/cycle can deliver")
-        if need % self.hbm_beat_bytes and self.hbm_beat_bytes % need:
+                f" = {have} bytes/cycle deliver (one weight tile is one stripe of all channels)")
+        if self.core.lanes % self.core.vector_lanes:
             raise ConfigError(
-                f"core.lanes x core.width: got {need} bytes of weights per cycle; allowed: a "
-                f"multiple or divisor of one HBM beat ({self.hbm_beat_bytes} bytes)")
+                f"core.vector_lanes: got {self.core.vector_lanes}; allowed: a divisor of "
+                f"core.lanes ({self.core.lanes})")
+        seg = self.core.vsp_words // self.core.vsp_segments
+        if seg < 4 * self.core.vector_lanes:
+            raise ConfigError(
+                f"core.vsp_segments: got {self.core.vsp_segments}; allowed: at most "
+                f"core.vsp_words / (4 x core.vector_lanes) = "
+                f"{self.core.vsp_words // (4 * self.core.vector_lanes)}")
+        if self.core.xb_words < self.core.width:
+            raise ConfigError(f"core.xb_words: got {self.core.xb_words}; allowed: at least "
+                              f"core.width ({self.core.width})")
 
     # Derived figures -------------------------------------------------------------------
     @property
@@ -200,6 +219,16 @@ class ApplianceConfig:
     def hbm_addr_bits(self) -> int:
         """Byte-address bits needed inside one pseudo-channel."""
         return ceil_log2(self.hbm.channel_mbytes << 20)
+
+    @property
+    def stripe_bytes(self) -> int:
+        """Bytes of one stripe row: one beat of every channel (= one weight tile)."""
+        return self.hbm.channels * self.hbm_beat_bytes
+
+    @property
+    def channel_rows(self) -> int:
+        """Stripe rows a pseudo-channel holds."""
+        return (self.hbm.channel_mbytes << 20) // self.hbm_beat_bytes
 
     def derived(self) -> dict[str, Any]:
         return {

@@ -158,8 +158,12 @@ class AdderTree(wiring.Component):
         if width < 2 or width & (width - 1):
             raise ValueError(f"width must be a power of two >= 2, not {width!r}")
         self.width = width
-        self.LATENCY = (width.bit_length() - 1) * Fp32Add.LATENCY
+        self.LATENCY = self.latency(width)
         super().__init__({"a": In(32 * width), "o": Out(32)})
+
+    @staticmethod
+    def latency(width):
+        return (width.bit_length() - 1) * Fp32Add.LATENCY
 
     def elaborate(self, platform):
         m = Module()

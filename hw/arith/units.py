@@ -15,7 +15,7 @@ from amaranth.lib.wiring import In, Out
 from .fp import F16_QNAN, F32_QNAN, lzc, round_pack32, unpack16, unpack32
 
 __all__ = ["Fp32Add", "Fp32Mul", "Fp16MulFp32", "Fp16ToFp32", "Fp32ToFp16", "Fp32Max",
-           "Int8ToFp16", "UNITS"]
+           "Int8ToFp16", "UNITS", "fp16_to_fp32_comb"]
 
 
 class Fp32Add(wiring.Component):
@@ -245,17 +245,24 @@ class Fp16ToFp32(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        s, e, f, z, inf, nan = unpack16(self.a)
-        sig, exp = _norm16(m, e, f, "a")
-        with m.If(nan):
-            m.d.sync += self.o.eq(F32_QNAN)
-        with m.Elif(inf):
-            m.d.sync += self.o.eq(Cat(Const(0, 23), Const(0xFF, 8), s))
-        with m.Elif(z & (f == 0)):
-            m.d.sync += self.o.eq(Cat(Const(0, 31), s))
-        with m.Else():
-            m.d.sync += self.o.eq(Cat(Const(0, 13), sig[0:10], (exp + 127)[0:8], s))
+        m.d.sync += self.o.eq(fp16_to_fp32_comb(m, self.a, "a"))
         return m
+
+
+def fp16_to_fp32_comb(m, h, name):
+    """fp16 bits -> fp32 bits, combinational (exact; canonical NaN)."""
+    out = Signal(32, name=f"{name}_f32")
+    s, e, f, z, inf, nan = unpack16(h)
+    sig, exp = _norm16(m, e, f, name)
+    with m.If(nan):
+        m.d.comb += out.eq(F32_QNAN)
+    with m.Elif(inf):
+        m.d.comb += out.eq(Cat(Const(0, 23), Const(0xFF, 8), s))
+    with m.Elif(z & (f == 0)):
+        m.d.comb += out.eq(Cat(Const(0, 31), s))
+    with m.Else():
+        m.d.comb += out.eq(Cat(Const(0, 13), sig[0:10], (exp + 127)[0:8], s))
+    return out
 
 
 class Fp32ToFp16(wiring.Component):

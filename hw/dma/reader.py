@@ -52,8 +52,9 @@ class AxiBurstReader(wiring.Component):
     -------
     cmd : ``In(stream.Signature(ReadCommand))``
         Commands. A command of 0 beats reads nothing and raises ``error[1]``.
-    data : ``Out(stream.Signature({"data", "last"}))``
-        Read data in order; ``last`` marks the final beat of a command.
+    data : ``Out(stream.Signature({"data", "last", "err"}))``
+        Read data in order; ``last`` marks the final beat of a command, ``err`` a beat that
+        came back with an error response.
     axi : ``Out(Axi4ReadSignature)``
         The AXI4 AR/R channels.
     base : ``In(64)``
@@ -82,7 +83,7 @@ class AxiBurstReader(wiring.Component):
         self.block = burst_block(max_burst, self._beat_bytes)
         super().__init__({
             "cmd": In(stream.Signature(ReadCommand(beat_addr_bits, len_bits))),
-            "data": Out(stream.Signature(data.StructLayout({"data": data_bits, "last": 1}))),
+            "data": Out(stream.Signature(data.StructLayout({"data": data_bits, "last": 1, "err": 1}))),
             "axi": Out(Axi4ReadSignature(addr_bits=64, data_bits=data_bits)),
             "base": In(64),
             "error": Out(2),
@@ -157,6 +158,7 @@ class AxiBurstReader(wiring.Component):
             skid.i.valid.eq(self.axi.rvalid),
             skid.i.payload.data.eq(self.axi.rdata),
             skid.i.payload.last.eq(self.axi.rlast & ends.r_data),
+            skid.i.payload.err.eq((self.axi.rresp != 0) | (self.axi.rid != 0)),
             self.axi.rready.eq(skid.i.ready),
             ends.r_en.eq(r_done),
         ]

@@ -100,7 +100,7 @@ class TB:
             await ReadOnly()
             if ready and dut.data_valid.value:
                 payload = int(dut.data_payload.value)
-                self.out.append((payload & mask, payload >> (8 * BEAT)))
+                self.out.append((payload & mask, (payload >> (8 * BEAT)) & 1))
             await RisingEdge(dut.clk)
 
     async def send(self, addr, beats):

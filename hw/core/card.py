@@ -1,0 +1,191 @@
+"""The card kernel: one FPGA's GPT decoding core behind the Vitis RTL-kernel interface.
+
+    s_axi_control  -> Control (ap_ctrl_hs, arguments, counters)
+    m_axi_insn     <- Fetch -> Issue (decode, checks, scoreboard)
+    m_axi_hbm<k>   <- DmaRead (LOAD, WLOAD) / DmaWrite (STORE)
+    weight FIFO    DmaRead -> Mpu
+    VSP            Vpu, Mpu, DmaRead, DmaWrite through the segment arbiters
+    XB             Vpu (CVT16) -> Mpu
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hw import regs
+from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature
+from hw.isa import ERROR_CODES
+
+from .ctrl import Control
+from .dma import DmaRead, DmaWrite
+from .fetch import Fetch
+from .issue import Issue
+from .mpu import Mpu
+from .vpu import Vpu
+from .vsp import Vsp
+
+__all__ = ["Card"]
+
+WATCHDOG = 1 << 20
+
+
+def _wire(m, outer, inner, sig):
+    """Connect a manager-side AXI port ``outer`` to ``inner`` for the members of ``sig``."""
+    for name, member in sig.members.items():
+        if member.flow == Out:
+            m.d.comb += getattr(outer, name).eq(getattr(inner, name))
+        else:
+            m.d.comb += getattr(inner, name).eq(getattr(outer, name))
+
+
+class Card(wiring.Component):
+    """One card's kernel, parameterized by an ApplianceConfig.
+
+    Members
+    -------
+    s_axi_control : Out(AxiLiteSignature(...)) (a subordinate port: the signature is its view)
+    m_axi_insn : Out(Axi4ReadSignature(data_bits=128))
+    m_axi_hbm<k> : Out(Axi4Signature(data_bits=hbm.data_bits)), k < hbm.channels
+    interrupt : Out(1)
+    """
+
+    def __init__(self, cfg, *, watchdog=WATCHDOG):
+        self.cfg = cfg
+        self.watchdog = watchdog
+        c = cfg.core
+        self.C = cfg.hbm.channels
+        self.DB = cfg.hbm.data_bits
+        members = {
+            "s_axi_control": Out(AxiLiteSignature(addr_bits=regs.ADDR_BITS, data_bits=32)),
+            "m_axi_insn": Out(Axi4ReadSignature(addr_bits=64, data_bits=128)),
+            "interrupt": Out(1),
+        }
+        for k in range(self.C):
+            members[f"m_axi_hbm{k}"] = Out(Axi4Signature(addr_bits=64, data_bits=self.DB))
+        self.vsp_rows = c.vsp_words // c.vector_lanes
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, c = self.cfg, self.cfg.core
+        C, P = self.C, c.vector_lanes
+        beat_shift = (cfg.hbm_beat_bytes - 1).bit_length()
+
+        m.submodules.ctrl = ctrl = Control(C)
+        m.submodules.fetch = fetch = Fetch()
+        m.submodules.issue = issue = Issue(cfg)
+        m.submodules.dma_rd = dma_rd = DmaRead(
+            channels=C, data_bits=self.DB, beat_addr_bits=cfg.hbm_addr_bits - beat_shift,
+            max_burst=cfg.hbm.max_burst_beats, max_outstanding=cfg.hbm.max_outstanding,
+            vector_lanes=P, vsp_rows=self.vsp_rows)
+        m.submodules.dma_wr = dma_wr = DmaWrite(
+            channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=self.vsp_rows,
+            max_outstanding=cfg.hbm.max_outstanding)
+        m.submodules.mpu = mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
+                                     vsp_rows=self.vsp_rows, xb_words=c.xb_words)
+        m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=self.vsp_rows, xb_words=c.xb_words,
+                                     width=c.width, red_max=max(c.limits.d_model, c.limits.seq_len))
+        m.submodules.vsp = vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
+                                     readers=["vpu_a", "vpu_b", "mpu", "store"],
+                                     writers=["vpu", "mpu", "load"])
+        m.submodules.wfifo = wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
+                                                      depth=c.weight_fifo_tiles)
+        xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
+        m.submodules.xb = xb
+
+        # -- host interface ---------------------------------------------------------------
+        wiring.connect(m, wiring.flipped(self.s_axi_control), ctrl.axi)
+        m.d.comb += self.interrupt.eq(ctrl.interrupt)
+        _wire(m, self.m_axi_insn, fetch.axi, Axi4ReadSignature(addr_bits=64, data_bits=128))
+        m.d.comb += [fetch.start.eq(ctrl.start), fetch.stop.eq(~issue.running | issue.stopping),
+                     fetch.prog_addr.eq(ctrl.prog_addr), fetch.insn_ptr.eq(ctrl.insn_ptr),
+                     fetch.prog_len.eq(ctrl.prog_len)]
+        for k in range(C):
+            port = getattr(self, f"m_axi_hbm{k}")
+            _wire(m, port, dma_rd.readers[k].axi, Axi4ReadSignature(addr_bits=64, data_bits=self.DB))
+            _wire(m, port, getattr(dma_wr, f"axi_{k}"),
+                  Axi4WriteSignature(addr_bits=64, data_bits=self.DB))
+            ptr = getattr(ctrl, f"hbm_ptr_{k}")
+            m.d.comb += [getattr(dma_rd, f"ptr_{k}").eq(ptr), getattr(dma_wr, f"ptr_{k}").eq(ptr)]
+
+        # -- issue to the units -----------------------------------------------------------------
+        wiring.connect(m, fetch.out, issue.insn)
+        m.d.comb += [issue.exhausted.eq(fetch.exhausted), issue.start.eq(ctrl.start),
+                     issue.misaligned.eq(ctrl.prog_addr[0:4] != 0)]
+        wiring.connect(m, issue.q_dma_rd, dma_rd.cmd)
+        wiring.connect(m, issue.q_dma_wr, dma_wr.cmd)
+        wiring.connect(m, issue.q_mpu, mpu.cmd)
+        wiring.connect(m, issue.q_vpu, vpu.cmd)
+        m.d.comb += [issue.done_dma_rd.eq(dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
+                     issue.done_mpu.eq(mpu.done), issue.done_vpu.eq(vpu.done)]
+
+        # -- data paths ------------------------------------------------------------------------
+        wiring.connect(m, dma_rd.tiles, wfifo.w_stream)
+        wiring.connect(m, wfifo.r_stream, mpu.tiles)
+        m.d.comb += mpu.discard.eq(issue.stopping)
+        wiring.connect(m, vpu.r_a, vsp.r_vpu_a)
+        wiring.connect(m, vpu.r_b, vsp.r_vpu_b)
+        wiring.connect(m, vpu.w, vsp.w_vpu)
+        wiring.connect(m, mpu.r_bias, vsp.r_mpu)
+        wiring.connect(m, mpu.w_out, vsp.w_mpu)
+        wiring.connect(m, dma_rd.w, vsp.w_load)
+        wiring.connect(m, dma_wr.r, vsp.r_store)
+        xw = xb.write_port(granularity=16)
+        xr = xb.read_port(transparent_for=())
+        m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
+                     xw.en.eq(vpu.xb.mask & -vpu.xb.en.as_signed()),
+                     xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
+
+        # -- stop, watchdog, counters ------------------------------------------------------------
+        quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | wfifo.r_rdy | fetch.busy)
+        m.d.comb += issue.quiet.eq(quiet)
+        m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err)
+        progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
+                    | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
+                    | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)
+                    | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready))
+        idle_count = Signal(range(self.watchdog + 1))
+        timeout = Signal()
+        running = issue.running
+        with m.If(ctrl.start | progress | ~running):
+            m.d.sync += idle_count.eq(0)
+        with m.Elif(idle_count != self.watchdog):
+            m.d.sync += idle_count.eq(idle_count + 1)
+        m.d.comb += timeout.eq(running & (idle_count == self.watchdog))
+        done_pulse = issue.finish | timeout
+        status = Signal(32)
+        m.d.comb += status.eq(issue.status)
+        timed_out = Signal()
+        with m.If(ctrl.start):
+            m.d.sync += timed_out.eq(0)
+        with m.If(timeout):
+            m.d.sync += timed_out.eq(1)
+        m.d.comb += ctrl.done.eq(done_pulse & ~timed_out)
+        m.d.comb += ctrl.status.eq(Mux(timed_out, Cat(Const(ERROR_CODES["TIMEOUT"], 8), status[8:32]),
+                                       status))
+
+        def count(name, cond, amount=1):
+            reg = Signal(64, name=f"cnt_{name}")
+            with m.If(ctrl.start):
+                m.d.sync += reg.eq(0)
+            with m.Elif(cond):
+                m.d.sync += reg.eq(reg + amount)
+            m.d.comb += getattr(ctrl, name).eq(reg)
+
+        live = running & ~timed_out
+        count("cycles", live)
+        count("mpu_busy", live & mpu.busy)
+        count("vpu_busy", live & vpu.busy)
+        count("dma_rd_busy", live & dma_rd.busy)
+        count("dma_wr_busy", live & dma_wr.busy)
+        count("hbm_rd_bytes", dma_rd.stripe, cfg.stripe_bytes)
+        count("hbm_wr_bytes", dma_wr.elem, 2)
+        count("issue_stall", live & issue.stall)
+        count("mpu_starve", live & mpu.starve)
+        count("link_tx_bytes", Const(0, 1))
+        count("link_rx_bytes", Const(0, 1))
+        count("insns", issue.retired)
+        return m
+

@@ -1,0 +1,228 @@
+"""The gptfpga instruction set: one definition for the hardware decoder, the host encoder,
+the ISS and docs/isa.md.
+
+Pure Python (no Amaranth, no numpy): the host imports it too.
+
+Every instruction is 128 bits. Bits [3:0] hold the opcode; the fields of each format follow
+from bit 4 upwards in the order listed, least significant first. Opcode 0 is illegal, so that
+a program that runs into zeroed memory stops with an error instead of doing nothing.
+
+Address spaces
+--------------
+- VSP: the vector scratchpad, fp32 words (``core.vsp_words`` of them), word addresses.
+- XB: the matrix unit's input buffer, fp16 words (``core.xb_words``), word addresses.
+- HBM rows: a *stripe row* r is beat r of every HBM channel: ``channels x beat_bytes`` bytes,
+  channel c holding bytes ``[c*beat_bytes, (c+1)*beat_bytes)`` of the stripe. Weight tiles,
+  vectors and the KV cache are all placed by stripe row.
+"""
+
+from dataclasses import dataclass
+
+__all__ = ["INSN_BITS", "Field", "Format", "FORMATS", "OPCODES", "VOPS", "ERRORS", "encode",
+           "decode", "Insn", "isa_markdown"]
+
+INSN_BITS = 128
+OPCODE_BITS = 4
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    bits: int
+    doc: str
+
+
+@dataclass(frozen=True)
+class Format:
+    name: str
+    opcode: int
+    unit: str
+    fields: tuple
+    doc: str
+
+    def offsets(self):
+        """{field name: (lsb, bits)}"""
+        out, pos = {}, OPCODE_BITS
+        for f in self.fields:
+            out[f.name] = (pos, f.bits)
+            pos += f.bits
+        return out
+
+
+F = Field
+
+FORMATS = (
+    Format("HALT", 1, "ctrl", (), "Wait until every unit is idle, then stop: ap_done, status OK."),
+    Format("FENCE", 2, "ctrl", (), "Wait until every issued instruction has completed."),
+    Format("LOAD", 3, "dma_rd", (
+        F("vsp", 16, "first VSP word written"),
+        F("n", 16, "fp16 elements to load (>= 1)"),
+        F("row", 24, "first stripe row read"),
+    ), "VSP[vsp + i] = fp32(fp16 element i of the stripe rows from `row`), i < n. Element i "
+       "is at byte 2i of the run of stripes starting at `row`."),
+    Format("STORE", 4, "dma_wr", (
+        F("vsp", 16, "first VSP word read"),
+        F("n", 16, "elements to store (>= 1)"),
+        F("row", 24, "first stripe row written"),
+        F("off", 12, "byte offset of the first group in its stripe row"),
+        F("lepg", 4, "log2 of the elements per group (contiguous fp16)"),
+        F("lgpr", 4, "log2 of the groups per stripe row"),
+        F("gstride", 12, "bytes from one group to the next in a row"),
+        F("rstride", 16, "stripe rows from one row of groups to the next"),
+    ), "Element i = VSP[vsp + i] rounded to fp16, written at group g = i / epg, place e = i % epg "
+       "(epg = 2^lepg, gpr = 2^lgpr): stripe row `row + (g / gpr) * rstride`, byte "
+       "`off + (g % gpr) * gstride + 2e`. A linear "
+       "vector is one group per row; a K-cache row is W-element groups one tile apart; a V^T "
+       "column is one-element groups one lane apart."),
+    Format("WLOAD", 5, "dma_rd", (
+        F("row", 24, "first stripe row (tile) read"),
+        F("tiles", 24, "tiles to stream (>= 1)"),
+    ), "Stream stripe rows [row, row + tiles) into the weight FIFO, one tile (lanes x width fp16) "
+       "per row, for the MATVECs that follow to consume in order."),
+    Format("MATVEC", 6, "mpu", (
+        F("xb", 16, "XB word of token 0's input vector"),
+        F("dst", 16, "VSP word of token 0's output"),
+        F("bias", 16, "VSP word of the bias (when bias_en)"),
+        F("rb", 16, "row blocks (lanes rows each, >= 1)"),
+        F("cb", 12, "column blocks (width columns each, >= 1)"),
+        F("group", 8, "row blocks per group in the tile order (>= 1)"),
+        F("tokens", 4, "token vectors sharing each tile, 1..8 (prefill)"),
+        F("xstride", 16, "XB words from one token's input to the next"),
+        F("dstride", 16, "VSP words from one token's output to the next"),
+        F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),
+    ), "For each token t and row r < rb*lanes: VSP[dst + t*dstride + r] = bias[r] + sum over "
+       "column blocks c of tree(W[r, cW:(c+1)W] * XB[xb + t*xstride + cW : ...]), consuming "
+       "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "
+       "group, column block by column block; within that, row block by row block. group x "
+       "tokens <= 64 (the accumulator depth)."),
+    Format("VEC", 7, "vpu", (
+        F("vop", 5, "vector operation (VOPS)"),
+        F("dst", 16, "destination word (VSP, or XB for CVT16)"),
+        F("src1", 16, "first source VSP word"),
+        F("src2", 16, "second source VSP word"),
+        F("n", 16, "elements (>= 1)"),
+        F("k", 16, "MASK: last unmasked index"),
+        F("bcast", 1, "src2 is one word broadcast to every element"),
+    ), "dst[i] = op(src1[i], src2[i or 0]), i < n; reductions write one word."),
+    Format("COLL", 8, "coll", (
+        F("cop", 4, "collective operation (reserved for the collective engine)"),
+    ), "Reserved for the ring collectives (all-gather, reduce-scatter, all-reduce); illegal "
+       "until the collective engine is part of the card."),
+)
+
+FORMAT_BY_NAME = {f.name: f for f in FORMATS}
+OPCODES = {f.name: f.opcode for f in FORMATS}
+FORMAT_BY_OPCODE = {f.opcode: f for f in FORMATS}
+
+# Vector operations: name -> (code, arity, doc)
+VOPS = {
+    "ADD": (0, 2, "src1 + src2"),
+    "SUB": (1, 2, "src1 - src2 (src1 + (src2 with its sign flipped))"),
+    "MUL": (2, 2, "src1 * src2"),
+    "MAX": (3, 2, "max(src1, src2)"),
+    "MOV": (4, 1, "src1 (copy)"),
+    "EXP": (5, 1, "exp(src1)"),
+    "RECIP": (6, 1, "1 / src1"),
+    "RSQRT": (7, 1, "1 / sqrt(src1)"),
+    "GELU": (8, 1, "gelu(src1), tanh form"),
+    "MASK": (9, 1, "src1[i] if i <= k else -inf"),
+    "CVT16": (10, 1, "fp16(src1[i]) written to XB[dst + i]"),
+    "REDSUM": (11, 1, "sum of src1[0:n] (see below): one word at dst"),
+    "REDMAX": (12, 1, "max of src1[0:n] (see below): one word at dst"),
+}
+VOP_BY_CODE = {code: name for name, (code, _, _) in VOPS.items()}
+
+# Status codes (the status register; 0 = OK). The first error stops the core cleanly.
+ERRORS = {
+    0: ("OK", "finished at HALT"),
+    1: ("ILLEGAL_OPCODE", "an opcode or vector operation that does not exist"),
+    2: ("BAD_FIELD", "a length of zero, a token count outside 1..8, a group of zero"),
+    3: ("VSP_RANGE", "a VSP access beyond core.vsp_words"),
+    4: ("XB_RANGE", "an XB access beyond core.xb_words"),
+    5: ("HBM_RANGE", "an HBM access beyond the channel's capacity"),
+    6: ("PROGRAM_OVERRUN", "the program ended without HALT"),
+    7: ("WEIGHT_UNDERFLOW", "a MATVEC needs more tiles than the WLOADs before it stream"),
+    8: ("WEIGHT_LEFTOVER", "HALT with streamed tiles that no MATVEC consumed"),
+    9: ("AXI_ERROR", "an HBM access answered with an error response"),
+    10: ("TIMEOUT", "no unit made progress for the watchdog's limit"),
+    11: ("DMA_ORDER", "a LOAD while streamed tiles still await their MATVEC (it could wait "
+                      "behind them forever)"),
+    12: ("ALIGN", "a vector operand not aligned to core.vector_lanes, or an XB operand not "
+                  "aligned to core.width"),
+    13: ("OVERLAP", "source and destination ranges of one instruction overlap (other than "
+                    "exactly in place)"),
+}
+ERROR_CODES = {name: code for code, (name, _) in ERRORS.items()}
+
+
+@dataclass(frozen=True)
+class Insn:
+    op: str
+    fields: dict
+
+    def __getattr__(self, name):
+        try:
+            return self.fields[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def encode(op, **fields):
+    """128-bit integer of instruction ``op`` with ``fields`` (missing fields are 0)."""
+    fmt = FORMAT_BY_NAME[op]
+    word = fmt.opcode
+    offs = fmt.offsets()
+    for name, value in fields.items():
+        if name not in offs:
+            raise ValueError(f"{op}: no field {name!r} (fields: {', '.join(offs)})")
+        if name == "vop" and isinstance(value, str):
+            value = VOPS[value][0]
+        lsb, bits = offs[name]
+        value = int(value)
+        if not 0 <= value < (1 << bits):
+            raise ValueError(f"{op}.{name}: {value} does not fit in {bits} bits")
+        word |= value << lsb
+    return word
+
+
+def decode(word):
+    """Insn of a 128-bit integer; op is 'ILLEGAL' for an unknown opcode."""
+    fmt = FORMAT_BY_OPCODE.get(word & ((1 << OPCODE_BITS) - 1))
+    if fmt is None:
+        return Insn("ILLEGAL", {})
+    fields = {n: (word >> lsb) & ((1 << bits) - 1) for n, (lsb, bits) in fmt.offsets().items()}
+    return Insn(fmt.name, fields)
+
+
+def program_bytes(words):
+    """Little-endian bytes of a list of 128-bit instruction words."""
+    return b"".join(int(w).to_bytes(16, "little") for w in words)
+
+
+def isa_markdown():
+    lines = ["# ISA", "",
+             "Generated from `hw/isa.py` (`python -m gen.docs`); a test fails when this file is stale.",
+             "", "Every instruction is 128 bits, little-endian in memory; bits [3:0] are the opcode,",
+             "fields follow from bit 4 in the order listed. Opcode 0 is illegal.", ""]
+    for f in FORMATS:
+        lines += [f"## {f.name} (opcode {f.opcode}, unit `{f.unit}`)", "", f.doc, ""]
+        if f.fields:
+            lines += ["| field | bits | lsb | meaning |", "|---|---|---|---|"]
+            for fld in f.fields:
+                lsb = f.offsets()[fld.name][0]
+                lines.append(f"| `{fld.name}` | {fld.bits} | {lsb} | {fld.doc} |")
+            lines.append("")
+    lines += ["## Vector operations (VEC.vop)", "", "| vop | code | operands | result |",
+              "|---|---|---|---|"]
+    for name, (code, arity, doc) in VOPS.items():
+        lines.append(f"| `{name}` | {code} | {arity} | {doc} |")
+    lines += ["", "Reductions (REDSUM, REDMAX; n at most max(limits.d_model, limits.seq_len)): the "
+              "elements are laid out in rows of `vector_lanes`, missing elements set to the "
+              "identity (-0 for the sum, -inf for the max). Then, at least once and until one row "
+              "is left: with h = ceil(rows / 2), row i becomes op(row i, row i + h) (the identity "
+              "row where i + h >= rows). Then the lanes of the last row fold in halves, lane j "
+              "becoming op(lane j, lane j + half), until one lane is left.",
+              "", "## Status codes", "", "| code | name | cause |", "|---|---|---|"]
+    for code, (name, doc) in ERRORS.items():
+        lines.append(f"| {code} | `{name}` | {doc} |")
+    return "\n".join(lines) + "\n"

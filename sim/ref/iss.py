@@ -1,0 +1,325 @@
+"""Instruction-set simulator of one card: the same programs, the same per-channel HBM images,
+the same arithmetic (sim/ref/arith.py) as the RTL, executed in program order.
+
+The RTL overlaps instructions through its scoreboard, but only where no result can change,
+so executing them one after another gives bit for bit the same HBM contents, scratchpad
+contents and status. The ISS has no clock: its cycle counters stay 0; its byte counters
+count the same bytes as the RTL's.
+"""
+
+import numpy as np
+
+from hw import regs
+from hw.isa import ERROR_CODES, VOP_BY_CODE, VOPS, decode
+
+from ..device import Device, DeviceError
+from . import arith as A
+
+__all__ = ["Iss", "IssDevice", "IssError"]
+
+NEG_ZERO = np.uint32(0x80000000)
+NEG_INF = np.uint32(0xFF800000)
+ACC_DEPTH = 64          # matrix-unit accumulator slots: group x tokens at most
+
+
+class IssError(Exception):
+    def __init__(self, name):
+        super().__init__(name)
+        self.code = ERROR_CODES[name]
+
+
+def _overlap(a0, an, b0, bn):
+    return a0 < b0 + bn and b0 < a0 + an
+
+
+class Iss:
+    """Executes programs on a card's state (HBM images, VSP, XB, weight FIFO)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        c = cfg.core
+        self.C, self.B = cfg.hbm.channels, cfg.hbm_beat_bytes
+        self.S = cfg.stripe_bytes
+        self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
+        self.rows = cfg.channel_rows
+        self.hbm = [np.zeros(cfg.hbm.channel_mbytes << 20, np.uint8) for _ in range(self.C)]
+        self.vsp = np.zeros(c.vsp_words, np.uint32)
+        self.xb = np.zeros(c.xb_words, np.uint16)
+        self.fifo = []          # tiles streamed and not yet consumed: [L, W] uint16 each
+        self.red_max = max(c.limits.d_model, c.limits.seq_len)
+        self.counters = {name: 0 for name in regs.COUNTERS}
+
+    # -- HBM stripes ------------------------------------------------------------------------
+    def read_stripes(self, row, nrows):
+        """Bytes of stripe rows [row, row + nrows) as one array (channel-interleaved)."""
+        out = np.empty((nrows, self.C, self.B), np.uint8)
+        for ch in range(self.C):
+            out[:, ch, :] = self.hbm[ch][row * self.B:(row + nrows) * self.B].reshape(nrows, self.B)
+        return out.reshape(-1)
+
+    def write_stripe_bytes(self, rows, offs, data):
+        """Write byte ``data[i]`` at stripe row ``rows[i]``, stripe byte ``offs[i]``."""
+        ch = offs // self.B
+        addr = rows * self.B + offs % self.B
+        for c in range(self.C):
+            sel = ch == c
+            self.hbm[c][addr[sel]] = data[sel]
+
+    # -- execution ------------------------------------------------------------------------
+    def run(self, prog_addr, prog_len):
+        """Run from ``prog_addr`` (channel 0 byte address); returns the status word."""
+        for k in self.counters:
+            self.counters[k] = 0
+        self.fifo = []
+        pc = 0
+        try:
+            while True:
+                if pc >= prog_len:
+                    raise IssError("PROGRAM_OVERRUN")
+                a = prog_addr + 16 * pc
+                if a + 16 > len(self.hbm[0]):
+                    raise IssError("AXI_ERROR")
+                word = int.from_bytes(self.hbm[0][a:a + 16].tobytes(), "little")
+                insn = decode(word)
+                if insn.op == "HALT":
+                    if self.fifo:
+                        self.fifo = []
+                        raise IssError("WEIGHT_LEFTOVER")
+                    self.counters["insns"] += 1
+                    return pc << 8
+                self.step(insn)
+                self.counters["insns"] += 1
+                pc += 1
+        except IssError as e:
+            self.fifo = []
+            return (pc << 8) | e.code
+
+    def step(self, i):
+        op = i.op
+        if op == "ILLEGAL" or op == "COLL":
+            raise IssError("ILLEGAL_OPCODE")
+        if op == "FENCE":
+            return
+        getattr(self, f"_{op.lower()}")(i)
+
+    def _vsp_range(self, a, n):
+        if a + n > len(self.vsp):
+            raise IssError("VSP_RANGE")
+
+    def _load(self, i):
+        P, S = self.P, self.S
+        if i.n == 0:
+            raise IssError("BAD_FIELD")
+        if i.vsp % P:
+            raise IssError("ALIGN")
+        self._vsp_range(i.vsp, i.n)
+        nrows = -(-2 * i.n // S)
+        if i.row + nrows > self.rows:
+            raise IssError("HBM_RANGE")
+        if self.fifo:
+            raise IssError("DMA_ORDER")
+        data = self.read_stripes(i.row, nrows)[:2 * i.n].view(np.uint16)
+        self.vsp[i.vsp:i.vsp + i.n] = A.fp16_to_fp32(data)
+        self.counters["hbm_rd_bytes"] += nrows * S
+
+    def _store(self, i):
+        P, S = self.P, self.S
+        n, epg, gpr = i.n, 1 << i.lepg, 1 << i.lgpr
+        if (n == 0 or i.off % 2 or i.gstride % 2
+                or i.off + (gpr - 1) * i.gstride + 2 * epg > S
+                or (gpr > 1 and i.gstride < 2 * epg)):
+            raise IssError("BAD_FIELD")
+        ngroups = -(-n // epg)
+        nrows = -(-ngroups // gpr)
+        if nrows > 1 and i.rstride == 0:
+            raise IssError("BAD_FIELD")
+        if i.vsp % P:
+            raise IssError("ALIGN")
+        self._vsp_range(i.vsp, n)
+        if i.row + (nrows - 1) * i.rstride >= self.rows:
+            raise IssError("HBM_RANGE")
+        idx = np.arange(n)
+        g, e = idx // epg, idx % epg
+        rows = i.row + (g // gpr) * i.rstride
+        offs = i.off + (g % gpr) * i.gstride + 2 * e
+        h = A.fp32_to_fp16(self.vsp[i.vsp:i.vsp + n]).view(np.uint8).reshape(n, 2)
+        self.write_stripe_bytes(np.repeat(rows, 2), np.stack([offs, offs + 1], 1).reshape(-1),
+                                h.reshape(-1))
+        self.counters["hbm_wr_bytes"] += 2 * n
+
+    def _wload(self, i):
+        if i.tiles == 0:
+            raise IssError("BAD_FIELD")
+        if i.row + i.tiles > self.rows:
+            raise IssError("HBM_RANGE")
+        data = self.read_stripes(i.row, i.tiles).view(np.uint16).reshape(i.tiles, self.L, self.W)
+        self.fifo.extend(data)
+        self.counters["hbm_rd_bytes"] += i.tiles * self.S
+
+    def _matvec(self, i):
+        L, W, P = self.L, self.W, self.P
+        rb, cb, grp, T = i.rb, i.cb, i.group, i.tokens
+        if (rb == 0 or cb == 0 or grp == 0 or not 1 <= T <= 8 or grp * T > ACC_DEPTH
+                or (T > 1 and i.dstride < rb * L)):
+            raise IssError("BAD_FIELD")
+        if (i.xb % W or (T > 1 and i.xstride % W) or i.dst % P or (T > 1 and i.dstride % P)
+                or (i.bias_en and i.bias % P)):
+            raise IssError("ALIGN")
+        if i.bias_en and not (T == 1 and i.bias == i.dst):
+            if _overlap(i.bias, rb * L, i.dst, (T - 1) * i.dstride + rb * L):
+                raise IssError("OVERLAP")
+        self._vsp_range(i.dst + (T - 1) * i.dstride, rb * L)
+        if i.bias_en:
+            self._vsp_range(i.bias, rb * L)
+        if i.xb + (T - 1) * i.xstride + cb * W > len(self.xb):
+            raise IssError("XB_RANGE")
+        if rb * cb > len(self.fifo):
+            raise IssError("WEIGHT_UNDERFLOW")
+        tiles = self.fifo[:rb * cb]
+        del self.fifo[:rb * cb]
+        # Tile k of the stream is (row block r, column block c) in group-major order.
+        w = np.empty((rb, cb, L, W), np.uint16)
+        k = 0
+        for g0 in range(0, rb, grp):
+            gs = min(grp, rb - g0)
+            for c in range(cb):
+                for r in range(g0, g0 + gs):
+                    w[r, c] = tiles[k]
+                    k += 1
+        x = np.stack([self.xb[i.xb + t * i.xstride:i.xb + t * i.xstride + cb * W].reshape(cb, W)
+                      for t in range(T)])                                   # [T, cb, W]
+        acc = None
+        for c in range(cb):
+            prod = A.fp16_mul_to_fp32(w[None, :, c, :, :], x[:, None, c, None, :])  # [T, rb, L, W]
+            part = A.adder_tree(prod)                                                # [T, rb, L]
+            if c == 0:
+                if i.bias_en:
+                    bias = self.vsp[i.bias:i.bias + rb * L].reshape(rb, L)
+                    acc = A.fp32_add(bias[None], part)
+                else:
+                    acc = part
+            else:
+                acc = A.fp32_add(acc, part)
+        for t in range(T):
+            d = i.dst + t * i.dstride
+            self.vsp[d:d + rb * L] = acc[t].reshape(-1)
+
+    def _vec(self, i):
+        P = self.P
+        name = VOP_BY_CODE.get(i.vop)
+        if name is None:
+            raise IssError("ILLEGAL_OPCODE")
+        n = i.n
+        binary = VOPS[name][1] == 2
+        reduce = name in ("REDSUM", "REDMAX")
+        if n == 0 or (reduce and n > self.red_max):
+            raise IssError("BAD_FIELD")
+        cvt = name == "CVT16"
+        if i.src1 % P or (binary and not i.bcast and i.src2 % P) or (not reduce and i.dst % P):
+            raise IssError("ALIGN")
+        if not reduce and not cvt:
+            if _overlap(i.dst, n, i.src1, n) and i.dst != i.src1:
+                raise IssError("OVERLAP")
+            if binary:
+                if i.bcast and _overlap(i.dst, n, i.src2, 1):
+                    raise IssError("OVERLAP")
+                if not i.bcast and _overlap(i.dst, n, i.src2, n) and i.dst != i.src2:
+                    raise IssError("OVERLAP")
+        self._vsp_range(i.src1, n)
+        if binary:
+            self._vsp_range(i.src2, 1 if i.bcast else n)
+        if cvt:
+            if i.dst + n > len(self.xb):
+                raise IssError("XB_RANGE")
+        else:
+            self._vsp_range(i.dst, 1 if reduce else n)
+
+        a = self.vsp[i.src1:i.src1 + n]
+        b = None
+        if binary:
+            b = np.full(n, self.vsp[i.src2], np.uint32) if i.bcast else self.vsp[i.src2:i.src2 + n]
+        if cvt:
+            self.xb[i.dst:i.dst + n] = A.fp32_to_fp16(a)
+            return
+        if reduce:
+            self.vsp[i.dst] = self.reduce(a, name)
+            return
+        out = {
+            "ADD": lambda: A.fp32_add(a, b),
+            "SUB": lambda: A.fp32_add(a, b ^ NEG_ZERO),
+            "MUL": lambda: A.fp32_mul(a, b),
+            "MAX": lambda: A.fp32_max(a, b),
+            "MOV": lambda: a.copy(),
+            "EXP": lambda: A.exp(a),
+            "RECIP": lambda: A.recip(a),
+            "RSQRT": lambda: A.rsqrt(a),
+            "GELU": lambda: A.gelu(a),
+            "MASK": lambda: np.where(np.arange(n) <= i.k, a, NEG_INF).astype(np.uint32),
+        }[name]()
+        self.vsp[i.dst:i.dst + n] = out
+
+    def reduce(self, a, name):
+        """Row halving over rows of P lanes (the odd middle row meets the identity), then a
+        pairwise tree across the P lanes."""
+        P = self.P
+        op, ident = (A.fp32_add, NEG_ZERO) if name == "REDSUM" else (A.fp32_max, NEG_INF)
+        rows = -(-len(a) // P)
+        x = np.full(rows * P, ident, np.uint32)
+        x[:len(a)] = a
+        x = x.reshape(rows, P)
+        while True:
+            h = -(-rows // 2)
+            x = op(x[:h], np.concatenate([x[h:rows], np.full((2 * h - rows, P), ident, np.uint32)]))
+            rows = h
+            if rows == 1:
+                break
+        v = x[0]
+        while len(v) > 1:
+            v = op(v[:len(v) // 2], v[len(v) // 2:])
+        return v[0]
+
+
+class IssDevice(Device):
+    """The ISS behind the Device interface: start() runs the program to completion."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.iss = Iss(cfg)
+        self.channels = cfg.hbm.channels
+        self.channel_bytes = cfg.hbm.channel_mbytes << 20
+        self._regs = {}
+        self._done = False
+
+    def write_hbm(self, channel, offset, data):
+        data = np.asarray(data, np.uint8).reshape(-1)
+        self._check_span(channel, offset, len(data))
+        self.iss.hbm[channel][offset:offset + len(data)] = data
+
+    def read_hbm(self, channel, offset, nbytes):
+        self._check_span(channel, offset, nbytes)
+        return self.iss.hbm[channel][offset:offset + nbytes].copy()
+
+    def write_reg(self, addr, value):
+        self._regs[addr] = value & 0xFFFFFFFF
+
+    def read_reg(self, addr):
+        if addr == regs.CTRL:
+            return (0x2 | 0x4) if self._done else 0x4
+        for name, (base, _doc) in regs.COUNTERS.items():
+            if addr in (base, base + 4):
+                v = self.iss.counters.get(name, 0) if name != "status" else self._status
+                return (v >> (32 * (addr - base) // 4)) & 0xFFFFFFFF
+        return self._regs.get(addr, 0)
+
+    _status = 0
+
+    def start(self):
+        prog_addr = self.read_reg64(regs.ARGS["prog_addr"][0])
+        prog_len = self.read_reg(regs.ARGS["prog_len"][0])
+        self._status = self.iss.run(prog_addr, prog_len)
+        self._done = True
+
+    def wait(self, timeout_s):
+        if not self._done:
+            raise DeviceError("wait() before start()")
+        return self._status

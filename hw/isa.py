@@ -69,9 +69,11 @@ FORMATS = (
         F("lgpr", 4, "log2 of the groups per stripe row"),
         F("gstride", 12, "bytes from one group to the next in a row"),
         F("rstride", 16, "stripe rows from one row of groups to the next"),
-    ), "Element i = VSP[vsp + i] rounded to fp16, written at group g = i / epg, place e = i % epg "
-       "(epg = 2^lepg, gpr = 2^lgpr): stripe row `row + (g / gpr) * rstride`, byte "
-       "`off + (g % gpr) * gstride + 2e`. A linear "
+        F("f32", 1, "store the fp32 words as they are (4 bytes each) instead of rounding to fp16"),
+    ), "Element i = VSP[vsp + i] rounded to fp16 (or as fp32 with f32; z = 2 or 4 bytes), written "
+       "at group g = i / epg, place e = i % epg (epg = 2^lepg, gpr = 2^lgpr): stripe row "
+       "`row + (g / gpr) * rstride`, byte `off + (g % gpr) * gstride + z e`. off and gstride are "
+       "multiples of z; the groups of a row fit in the stripe and do not overlap. A linear "
        "vector is one group per row; a K-cache row is W-element groups one tile apart; a V^T "
        "column is one-element groups one lane apart."),
     Format("WLOAD", 5, "dma_rd", (

@@ -135,7 +135,7 @@ class Card(wiring.Component):
         xw = xb.write_port(granularity=16)
         xr = xb.read_port(transparent_for=())
         m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
-                     xw.en.eq(vpu.xb.mask & -vpu.xb.en.as_signed()),
+                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
                      xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
 
         # -- stop, watchdog, counters ------------------------------------------------------------
@@ -181,7 +181,7 @@ class Card(wiring.Component):
         count("dma_rd_busy", live & dma_rd.busy)
         count("dma_wr_busy", live & dma_wr.busy)
         count("hbm_rd_bytes", dma_rd.stripe, cfg.stripe_bytes)
-        count("hbm_wr_bytes", dma_wr.elem, 2)
+        count("hbm_wr_bytes", dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2))
         count("issue_stall", live & issue.stall)
         count("mpu_starve", live & mpu.starve)
         count("link_tx_bytes", Const(0, 1))

@@ -25,7 +25,7 @@ __all__ = ["DmaReadCmd", "DmaRead", "StoreCmd", "DmaWrite"]
 
 DmaReadCmd = data.StructLayout({"wload": 1, "row": 24, "count": 24, "vsp": 16, "n": 16})
 StoreCmd = data.StructLayout({"vsp": 16, "n": 16, "row": 24, "off": 12, "lepg": 4, "lgpr": 4,
-                              "gstride": 12, "rstride": 16})
+                              "gstride": 12, "rstride": 16, "f32": 1})
 
 
 class DmaRead(wiring.Component):
@@ -185,6 +185,7 @@ class DmaWrite(wiring.Component):
             "err": Out(1),
             "beat": Out(1),
             "elem": Out(1),
+            "elem_f32": Out(1),
         }
         for k in range(channels):
             members[f"axi_{k}"] = Out(Axi4WriteSignature(addr_bits=64, data_bits=data_bits))
@@ -221,6 +222,7 @@ class DmaWrite(wiring.Component):
         k = Signal(16)                     # group in the row
         row = Signal(24)
         byte = Signal(16)                  # byte in the stripe
+        zl = Mux(cmd.f32, 2, 1)            # log2 of the element size in bytes
         epg_m1 = (Const(1, 17) << cmd.lepg) - 1
         gpr_m1 = (Const(1, 17) << cmd.lgpr) - 1
 
@@ -232,7 +234,7 @@ class DmaWrite(wiring.Component):
         word = rfifo.r_data[0:32]
         for j in range(1, P):
             word = Mux(lane == j, rfifo.r_data[32 * j:32 * (j + 1)], word)
-        m.d.comb += [conv.a.eq(word), self.elem.eq(launch)]
+        m.d.comb += [conv.a.eq(word), self.elem.eq(launch), self.elem_f32.eq(cmd.f32)]
         with m.If(launch):
             m.d.sync += i.eq(i + 1)
             with m.If(lane == P - 1):
@@ -245,18 +247,19 @@ class DmaWrite(wiring.Component):
                 with m.If(k == gpr_m1):
                     m.d.sync += [k.eq(0), row.eq(row + cmd.rstride), byte.eq(cmd.off)]
                 with m.Else():
-                    m.d.sync += [k.eq(k + 1), byte.eq(byte - 2 * e + cmd.gstride)]
+                    m.d.sync += [k.eq(k + 1), byte.eq(byte - (e << zl) + cmd.gstride)]
             with m.Else():
-                m.d.sync += [e.eq(e + 1), byte.eq(byte + 2)]
+                m.d.sync += [e.eq(e + 1), byte.eq(byte + (1 << zl))]
         # The last lane of a partial final row: drop the rest of the row.
         with m.If(active & (i == cmd.n) & rfifo.r_rdy & (lane != 0)):
             m.d.comb += rfifo.r_en.eq(1)
             m.d.sync += lane.eq(0)
 
         # Metadata alongside the converter (latency 2).
-        meta = data.StructLayout({"v": 1, "last": 1, "row": 24, "byte": 16})
+        meta = data.StructLayout({"v": 1, "last": 1, "row": 24, "byte": 16, "word": 32})
         m0 = Signal(meta)
-        m.d.comb += [m0.v.eq(launch), m0.last.eq(i == cmd.n - 1), m0.row.eq(row), m0.byte.eq(byte)]
+        m.d.comb += [m0.v.eq(launch), m0.last.eq(i == cmd.n - 1), m0.row.eq(row), m0.byte.eq(byte),
+                     m0.word.eq(word)]
         m1 = Signal(meta)
         m2 = Signal(meta)
         m.d.sync += [m1.eq(m0), m2.eq(m1)]
@@ -278,8 +281,8 @@ class DmaWrite(wiring.Component):
         emit_strb = Signal(B)
         new_data = Signal(8 * B)
         new_strb = Signal(B)
-        m.d.comb += [new_data.eq(Cat(*([conv.o] * (B // 2)))),
-                     new_strb.eq(Const(3, B) << boff)]
+        m.d.comb += [new_data.eq(Mux(cmd.f32, Cat(*([m2.word] * (B // 4))), Cat(*([conv.o] * (B // 2))))),
+                     new_strb.eq(Mux(cmd.f32, Const(0xF, B), Const(3, B)) << boff)]
         with m.If(m2.v):
             with m.If(same):
                 merged_d = Signal(8 * B)

@@ -126,18 +126,21 @@ class Issue(wiring.Component):
                 m.d.comb += rng(d.wr, SPACE_VSP, f["vsp"], f["vsp"] + f["n"])
             with m.Case(OPCODES["STORE"]):
                 f = {n: _field(w, "STORE", n) for n in
-                     ("vsp", "n", "row", "off", "lepg", "lgpr", "gstride", "rstride")}
+                     ("vsp", "n", "row", "off", "lepg", "lgpr", "gstride", "rstride", "f32")}
                 epg = Const(1, 17) << f["lepg"]
+                zl = Mux(f["f32"], 2, 1)                 # log2 of the element size
+                zmis = Mux(f["f32"], f["off"][0:2] != 0, f["off"][0]) | \
+                    Mux(f["f32"], f["gstride"][0:2] != 0, f["gstride"][0])
                 ngroups = (f["n"] + epg - 1) >> f["lepg"]
                 nrows = (ngroups + (Const(1, 17) << f["lgpr"]) - 1) >> f["lgpr"]
                 span = Signal(32)
-                m.d.comb += span.eq(((f["gstride"] << f["lgpr"]) - f["gstride"]) + (epg << 1) + f["off"])
+                m.d.comb += span.eq(((f["gstride"] << f["lgpr"]) - f["gstride"]) + (epg << zl) + f["off"])
                 last_row = Signal(42)
                 m.d.comb += last_row.eq(f["row"] + (nrows - 1) * f["rstride"])
                 m.d.comb += d.kind.eq(KIND["STORE"])
                 m.d.comb += d.err.eq(_first([
-                    ((f["n"] == 0) | f["off"][0] | f["gstride"][0] | (span > S)
-                     | ((f["lgpr"] != 0) & (f["gstride"] < (epg << 1)))
+                    ((f["n"] == 0) | zmis | (span > S)
+                     | ((f["lgpr"] != 0) & (f["gstride"] < (epg << zl)))
                      | ((nrows > 1) & (f["rstride"] == 0)), E["BAD_FIELD"]),
                     (f["vsp"][0:pl] != 0 if pl else Const(0, 1), E["ALIGN"]),
                     (f["vsp"] + f["n"] > VW, E["VSP_RANGE"]),

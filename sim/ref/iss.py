@@ -125,9 +125,10 @@ class Iss:
     def _store(self, i):
         P, S = self.P, self.S
         n, epg, gpr = i.n, 1 << i.lepg, 1 << i.lgpr
-        if (n == 0 or i.off % 2 or i.gstride % 2
-                or i.off + (gpr - 1) * i.gstride + 2 * epg > S
-                or (gpr > 1 and i.gstride < 2 * epg)):
+        z = 4 if i.f32 else 2
+        if (n == 0 or i.off % z or i.gstride % z
+                or i.off + (gpr - 1) * i.gstride + z * epg > S
+                or (gpr > 1 and i.gstride < z * epg)):
             raise IssError("BAD_FIELD")
         ngroups = -(-n // epg)
         nrows = -(-ngroups // gpr)
@@ -141,11 +142,12 @@ class Iss:
         idx = np.arange(n)
         g, e = idx // epg, idx % epg
         rows = i.row + (g // gpr) * i.rstride
-        offs = i.off + (g % gpr) * i.gstride + 2 * e
-        h = A.fp32_to_fp16(self.vsp[i.vsp:i.vsp + n]).view(np.uint8).reshape(n, 2)
-        self.write_stripe_bytes(np.repeat(rows, 2), np.stack([offs, offs + 1], 1).reshape(-1),
+        offs = i.off + (g % gpr) * i.gstride + z * e
+        words = self.vsp[i.vsp:i.vsp + n]
+        h = (words if i.f32 else A.fp32_to_fp16(words)).view(np.uint8).reshape(n, z)
+        self.write_stripe_bytes(np.repeat(rows, z), (offs[:, None] + np.arange(z)).reshape(-1),
                                 h.reshape(-1))
-        self.counters["hbm_wr_bytes"] += 2 * n
+        self.counters["hbm_wr_bytes"] += z * n
 
     def _wload(self, i):
         if i.tiles == 0:

@@ -1,0 +1,241 @@
+"""Random valid programs for the RTL-against-ISS proof, and the HBM images they run on.
+
+Every program draws from every instruction type with random fields inside the ISA's rules
+(alignment, no partial overlaps, group x tokens <= 64, no LOAD while tiles are pending, ...),
+and ends by storing the whole VSP as raw fp32 to HBM, so that comparing the HBM images of
+the ISS and the RTL after the run compares every value the program produced.
+"""
+
+import numpy as np
+
+from hw.isa import encode
+
+__all__ = ["Layout", "ProgramGen", "write_stripes", "random_hbm"]
+
+
+class Layout:
+    """Where things live in HBM (stripe rows) for the random programs."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.S = cfg.stripe_bytes
+        self.data_rows = (0, 64)          # random fp16 vectors for LOAD
+        self.tile_rows = (64, 320)        # random weight tiles for WLOAD
+        self.out_rows = (512, 768)        # STORE targets
+        vsp_bytes = cfg.core.vsp_words * 4
+        self.dump_row = 1024              # the final raw VSP dump
+        self.dump_rows = -(-vsp_bytes // self.S)
+        self.prog_addr = (self.dump_row + self.dump_rows + 16) * cfg.hbm_beat_bytes
+
+
+def write_stripes(dev, cfg, row, data):
+    """Write bytes ``data`` to stripe rows from ``row`` (channel-interleaved by beats)."""
+    data = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)
+    S, B, C = cfg.stripe_bytes, cfg.hbm_beat_bytes, cfg.hbm.channels
+    nrows = -(-len(data) // S)
+    buf = np.zeros(nrows * S, np.uint8)
+    buf[:len(data)] = data
+    buf = buf.reshape(nrows, C, B)
+    for c in range(C):
+        dev.write_hbm(c, row * B, buf[:, c, :].reshape(-1))
+
+
+def read_stripes(dev, cfg, row, nrows):
+    S, B, C = cfg.stripe_bytes, cfg.hbm_beat_bytes, cfg.hbm.channels
+    out = np.empty((nrows, C, B), np.uint8)
+    for c in range(C):
+        out[:, c, :] = dev.read_hbm(c, row * B, nrows * B).reshape(nrows, B)
+    return out.reshape(-1)
+
+
+def random_hbm(cfg, rng, layout):
+    """Random fp16 contents for the data and tile rows (mostly moderate values, some specials)."""
+    rows = layout.tile_rows[1]
+    n = rows * layout.S // 2
+    vals = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 2, n))).astype(np.float16)
+    bits = vals.view(np.uint16).copy()
+    special = rng.random(n) < 0.002
+    bits[special] = rng.choice(np.array([0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x0001, 0x03FF,
+                                         0x7BFF], np.uint16), special.sum())
+    return bits
+
+
+class ProgramGen:
+    """Random valid programs for one config."""
+
+    def __init__(self, cfg, rng, layout):
+        c = cfg.core
+        self.cfg, self.rng, self.lay = cfg, rng, layout
+        self.P, self.L, self.W = c.vector_lanes, c.lanes, c.width
+        self.VW, self.XW = c.vsp_words, c.xb_words
+        self.S = cfg.stripe_bytes
+        self.red_max = max(c.limits.d_model, c.limits.seq_len)
+        self.vlimit = min(self.VW, 4096)   # keep programs in the first part of the VSP
+
+    def _aligned(self, n, align, limit):
+        top = (limit - n) // align
+        return int(self.rng.integers(0, top + 1)) * align
+
+    def _disjoint(self, n, align, taken, limit):
+        for _ in range(100):
+            a = self._aligned(n, align, limit)
+            if all(a + n <= b or b + bn <= a for b, bn in taken):
+                return a
+        return None
+
+    def load(self):
+        r = self.rng
+        n = int(r.integers(1, 300))
+        nrows = -(-2 * n // self.S)
+        row = int(r.integers(self.lay.data_rows[0], self.lay.data_rows[1] - nrows + 1))
+        return [encode("LOAD", vsp=self._aligned(n, self.P, self.vlimit), n=n, row=row)]
+
+    def vec(self):
+        r = self.rng
+        from hw.isa import VOPS
+        name = str(r.choice(list(VOPS)))
+        _, arity, _ = VOPS[name]
+        red = name in ("REDSUM", "REDMAX")
+        n = int(r.integers(1, (self.red_max if red else 200) + 1))
+        src1 = self._aligned(n, self.P, self.vlimit)
+        f = {"vop": name, "src1": src1, "n": n}
+        if name == "MASK":
+            f["k"] = int(r.integers(0, n + 4))
+        if red:
+            f["dst"] = int(r.integers(0, self.vlimit))
+            return [encode("VEC", **f)]
+        if name == "CVT16":
+            f["dst"] = self._aligned(n, self.P, self.XW)
+            return [encode("VEC", **f)]
+        taken = [(src1, n)]
+        if arity == 2:
+            if r.random() < 0.3:
+                f["bcast"] = 1
+                f["src2"] = int(r.integers(0, self.vlimit))
+                taken.append((f["src2"], 1))
+            else:
+                f["src2"] = src1 if r.random() < 0.2 else self._aligned(n, self.P, self.vlimit)
+        if r.random() < 0.25 and not (f.get("bcast") and src1 <= f["src2"] < src1 + n):
+            dst = src1
+            if arity == 2 and not f.get("bcast") and f["src2"] != dst and \
+                    not (f["src2"] + n <= dst or dst + n <= f["src2"]):
+                f["src2"] = dst
+        else:
+            if arity == 2 and not f.get("bcast"):
+                taken.append((f["src2"], n))
+            dst = self._disjoint(n, self.P, taken, self.vlimit)
+            if dst is None:
+                return []
+        f["dst"] = dst
+        return [encode("VEC", **f)]
+
+    def matvec(self):
+        r = self.rng
+        L, W, P = self.L, self.W, self.P
+        rb, cb = int(r.integers(1, 7)), int(r.integers(1, 5))
+        T = int(r.choice([1, 1, 1, 2, 3, 8]))
+        group = int(r.integers(1, min(8, 64 // T) + 1))
+        xstride = W * int(r.integers(cb, cb + 3)) if T > 1 else 0
+        xspan = (T - 1) * xstride + cb * W
+        xb = self._aligned(xspan, W, self.XW)
+        dstride = P * int(r.integers(-(-rb * L // P), -(-rb * L // P) + 3)) if T > 1 else 0
+        dspan = (T - 1) * dstride + rb * L
+        dst = self._aligned(dspan, P, self.vlimit)
+        f = {"xb": xb, "dst": dst, "rb": rb, "cb": cb, "group": group, "tokens": T,
+             "xstride": xstride, "dstride": dstride}
+        if r.random() < 0.5:
+            if T == 1 and r.random() < 0.3:
+                f["bias"] = dst
+            else:
+                b = self._disjoint(rb * L, P, [(dst, dspan)], self.vlimit)
+                if b is None:
+                    return []
+                f["bias"] = b
+            f["bias_en"] = 1
+        tiles = rb * cb
+        out = []
+        # Stream the tiles in one or two WLOADs; vector work may sit between them and the MATVEC.
+        first = int(r.integers(1, tiles + 1)) if tiles > 1 and r.random() < 0.3 else tiles
+        for count in (first, tiles - first):
+            if count:
+                row = int(r.integers(self.lay.tile_rows[0], self.lay.tile_rows[1] - count + 1))
+                out.append(encode("WLOAD", row=row, tiles=count))
+        if r.random() < 0.5:
+            out += self.vec()
+        out.append(encode("MATVEC", **f))
+        return out
+
+    def store(self):
+        r = self.rng
+        f32 = int(r.random() < 0.3)
+        z = 4 if f32 else 2
+        kind = r.random()
+        S = self.S
+        if kind < 0.3:      # linear
+            lepg, lgpr, off, gstride = (S // z).bit_length() - 1, 0, 0, 0
+        elif kind < 0.6:    # K-cache style: width-element groups, one lane of a tile
+            lepg, lgpr = (self.W).bit_length() - 1, 0
+            off, gstride = int(r.integers(0, S // (z * self.W))) * z * self.W, 0
+        else:               # V^T style or random: small groups spread over the stripe
+            lepg = int(r.integers(0, 3))
+            epg = 1 << lepg
+            lgpr = int(r.integers(0, 4))
+            gpr = 1 << lgpr
+            gstride = z * epg * int(r.integers(1, 4))
+            span = (gpr - 1) * gstride + z * epg
+            if span > S:
+                lgpr, gpr, span = 0, 1, z * epg
+            off = int(r.integers(0, (S - span) // z + 1)) * z
+        epg, gpr = 1 << lepg, 1 << lgpr
+        span_rows = self.lay.out_rows[1] - self.lay.out_rows[0]
+        n = int(r.integers(1, 200))
+        nrows = -(-(-(-n // epg)) // gpr)
+        while nrows > span_rows:
+            n //= 2
+            nrows = -(-(-(-n // epg)) // gpr)
+        rstride = int(r.integers(1, 4))
+        rstride = max(1, min(rstride, (span_rows - 1) // max(1, nrows - 1)))
+        last = (nrows - 1) * rstride
+        row = int(r.integers(self.lay.out_rows[0], self.lay.out_rows[1] - last))
+        return [encode("STORE", vsp=self._aligned(n, self.P, self.vlimit), n=n, row=row, off=off,
+                       lepg=lepg, lgpr=lgpr, gstride=gstride, rstride=rstride, f32=f32)]
+
+    def program(self, length):
+        """About ``length`` instructions of every kind, then a raw dump of the VSP and HALT."""
+        r = self.rng
+        # Prologue: full-precision fp32 values (loaded fp16 data add up exactly in fp32, which
+        # would let a wrong summation order go unseen).
+        n = 512
+        a, b, c = (self._aligned(n, self.P, self.vlimit) for _ in range(3))
+        out = [encode("LOAD", vsp=a, n=n, row=self.lay.data_rows[0])]
+        if b != a and abs(b - a) >= n:
+            out.append(encode("VEC", vop="EXP", dst=b, src1=a, n=n))
+            if abs(c - a) >= n and abs(c - b) >= n:
+                out.append(encode("VEC", vop="MUL", dst=c, src1=a, src2=b, n=n))
+        while len(out) < length:
+            k = r.random()
+            if k < 0.15:
+                out += self.load()
+            elif k < 0.5:
+                out += self.vec()
+            elif k < 0.75:
+                out += self.matvec()
+            elif k < 0.95:
+                out += self.store()
+            else:
+                out.append(encode("FENCE"))
+        out += self.dump()
+        out.append(encode("HALT"))
+        return out
+
+    def dump(self):
+        """STOREs of the VSP as raw fp32, linear from the dump row."""
+        per_row = self.S // 4
+        lepg = per_row.bit_length() - 1
+        out = []
+        chunk = 4096
+        for a in range(0, self.vlimit, chunk):
+            n = min(chunk, self.vlimit - a)
+            out.append(encode("STORE", vsp=a, n=n, row=self.lay.dump_row + a // per_row, off=0,
+                              lepg=lepg, lgpr=0, gstride=0, rstride=1, f32=1))
+        return out

@@ -16,7 +16,12 @@ def configs_md():
     return "\n".join(lines) + "\n"
 
 
-GENERATED = {"docs/configs.md": configs_md}
+def isa_md():
+    from hw.isa import isa_markdown
+    return isa_markdown()
+
+
+GENERATED = {"docs/configs.md": configs_md, "docs/isa.md": isa_md}
 
 
 def stale():

@@ -133,6 +133,8 @@ VOPS = {
     "REDMAX": (12, 1, "max of src1[0:n] (see below): one word at dst"),
 }
 VOP_BY_CODE = {code: name for name, (code, _, _) in VOPS.items()}
+BINARY_VOPS = tuple(code for code, arity, _ in VOPS.values() if arity == 2)
+REDUCE_VOPS = (VOPS["REDSUM"][0], VOPS["REDMAX"][0])
 
 # Status codes (the status register; 0 = OK). The first error stops the core cleanly.
 ERRORS = {

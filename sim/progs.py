@@ -40,8 +40,12 @@ def write_stripes(dev, cfg, row, data):
         dev.write_hbm(c, row * B, buf[:, c, :].reshape(-1))
 
 
+def _ceil(a, b):
+    return -(-a // b)
+
+
 def read_stripes(dev, cfg, row, nrows):
-    S, B, C = cfg.stripe_bytes, cfg.hbm_beat_bytes, cfg.hbm.channels
+    B, C = cfg.hbm_beat_bytes, cfg.hbm.channels
     out = np.empty((nrows, C, B), np.uint8)
     for c in range(C):
         out[:, c, :] = dev.read_hbm(c, row * B, nrows * B).reshape(nrows, B)
@@ -189,10 +193,10 @@ class ProgramGen:
         epg, gpr = 1 << lepg, 1 << lgpr
         span_rows = self.lay.out_rows[1] - self.lay.out_rows[0]
         n = int(r.integers(1, 200))
-        nrows = -(-(-(-n // epg)) // gpr)
+        nrows = _ceil(_ceil(n, epg), gpr)
         while nrows > span_rows:
             n //= 2
-            nrows = -(-(-(-n // epg)) // gpr)
+            nrows = _ceil(_ceil(n, epg), gpr)
         rstride = int(r.integers(1, 4))
         rstride = max(1, min(rstride, (span_rows - 1) // max(1, nrows - 1)))
         last = (nrows - 1) * rstride

@@ -97,7 +97,8 @@ def build_card(cfg, *, log=None, watchdog=None):
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     seconds = time.monotonic() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"Verilator build of the card failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"Verilator build of the card failed:\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
     (out / "obj" / "libcard.so").rename(lib)
     (out / "build.json").write_text(json.dumps({"config": cfg.name, "seconds": round(seconds, 1)}))
     if log:

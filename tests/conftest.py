@@ -18,7 +18,8 @@ def pytest_addoption(parser):
 def pytest_generate_tests(metafunc):
     if "cfg_path" in metafunc.fixturenames:
         paths = metafunc.config.getoption("config") or [str(DEFAULT_CONFIG)]
-        metafunc.parametrize("cfg_path", [Path(p) for p in paths], ids=[Path(p).stem for p in paths])
+        metafunc.parametrize("cfg_path", [Path(p) for p in paths], ids=[Path(p).stem for p in paths],
+                             scope="module")
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import Out
 
 from hw import regs
 from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature

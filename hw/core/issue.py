@@ -20,7 +20,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from hw.isa import ERROR_CODES, FORMAT_BY_NAME, OPCODES, VOPS
+from hw.isa import BINARY_VOPS, ERROR_CODES, FORMAT_BY_NAME, OPCODES, REDUCE_VOPS, VOPS
 
 from .dma import DmaReadCmd, StoreCmd
 from .fetch import FetchedInsn
@@ -190,11 +190,8 @@ class Issue(wiring.Component):
             with m.Case(OPCODES["VEC"]):
                 f = {n: _field(w, "VEC", n) for n in ("vop", "dst", "src1", "src2", "n", "k", "bcast")}
                 vop, n, bc = f["vop"], f["n"], f["bcast"]
-                binary = Const(0, 1)
-                for name, (code, arity, _) in VOPS.items():
-                    if arity == 2:
-                        binary = binary | (vop == code)
-                red = (vop == VOPS["REDSUM"][0]) | (vop == VOPS["REDMAX"][0])
+                binary = vop.matches(*BINARY_VOPS)
+                red = vop.matches(*REDUCE_VOPS)
                 cvt = vop == VOPS["CVT16"][0]
                 b_n = Mux(bc, 1, n)
                 d_n = Mux(red, 1, n)

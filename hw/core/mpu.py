@@ -84,10 +84,12 @@ class Mpu(wiring.Component):
         lpr = L // P                                # VSP rows per output row block
         ADD = Fp32Add.LATENCY
         X = 1 + Fp16MulFp32.LATENCY + self.tree_lat  # step issue -> partial sum valid
-        # A step reads its slot at issue + X - 1; the slot's previous update is written at its
-        # own issue + X + ADD: steps updating one slot must be ADD + 2 cycles apart. The window
-        # below is two cycles wider than that.
-        WINDOW = ADD + 3
+        # Step k issued in cycle s reads its slot in cycle s + X - 1 (the accumulator's read
+        # port, data in s + X) and writes it back in cycle s + X + ADD. A later step on the same
+        # slot must read in a cycle after that write: it may issue at s + ADD + 2 at the
+        # earliest, so it waits while the slot was updated in the last ADD + 1 cycles.
+        # With group x tokens >= ADD + 2 (= 8) rotating slots this never stalls.
+        WINDOW = ADD + 1
 
         cmd = Signal(MatvecCmd)
         active = Signal()

@@ -20,7 +20,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.special import Exp, Gelu, Recip, Rsqrt
 from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
-from hw.isa import VOPS
+from hw.isa import BINARY_VOPS, VOPS
 
 from .vsp import ReadPort, WritePort
 
@@ -363,11 +363,7 @@ class Vpu(wiring.Component):
 
 def _binary(vop):
     """Comb: is ``vop`` a two-operand operation?"""
-    out = Const(0, 1)
-    for name, (code, arity, _) in VOPS.items():
-        if arity == 2:
-            out = out | (vop == code)
-    return out
+    return vop.matches(*BINARY_VOPS)
 
 
 def _lane_select(row, lane, lanes):

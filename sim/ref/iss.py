@@ -73,6 +73,8 @@ class Iss:
         self.fifo = []
         pc = 0
         try:
+            if prog_addr % 16:
+                raise IssError("ALIGN")
             while True:
                 if pc >= prog_len:
                     raise IssError("PROGRAM_OVERRUN")

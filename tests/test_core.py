@@ -1,0 +1,149 @@
+"""The card kernel against the ISS: random valid programs and every error stop, bit for bit."""
+
+import numpy as np
+import pytest
+
+from hw.isa import ERROR_CODES, encode
+from sim.progs import Layout, ProgramGen, random_hbm, read_stripes, write_stripes
+from sim.ref.iss import IssDevice
+
+N_PROGRAMS = 200
+
+
+@pytest.fixture(scope="module")
+def rtl_card(cfg_path):
+    from gen.config import load_config
+    from sim.system import RtlDevice
+    cfg = load_config(cfg_path)
+    return cfg, RtlDevice(cfg)
+
+
+def _snapshot(dev, cfg, lay):
+    return np.concatenate([read_stripes(dev, cfg, lay.out_rows[0], lay.out_rows[1] - lay.out_rows[0]),
+                           read_stripes(dev, cfg, lay.dump_row, lay.dump_rows)])
+
+
+def _compare(cfg, lay, iss, rtl, prog, prog_addr=None):
+    res = []
+    for d in (iss, rtl):
+        c = d.run(prog, lay.prog_addr if prog_addr is None else prog_addr, timeout_s=120)
+        res.append((c, _snapshot(d, cfg, lay)))
+    (ci, si), (cr, sr) = res
+    assert ci["status"] == cr["status"], f"status: iss {ci['status']:#x}, rtl {cr['status']:#x}"
+    for k in ("hbm_rd_bytes", "hbm_wr_bytes", "insns"):
+        assert ci[k] == cr[k], f"counter {k}: iss {ci[k]}, rtl {cr[k]}"
+    diff = np.nonzero(si != sr)[0]
+    assert len(diff) == 0, f"{len(diff)} HBM bytes differ, first at {diff[:8]}"
+    return cr
+
+
+def _pair(rtl_card, seed):
+    cfg, rtl = rtl_card
+    lay = Layout(cfg)
+    rng = np.random.default_rng(seed)
+    iss = IssDevice(cfg)
+    img = random_hbm(cfg, rng, lay)
+    for d in (iss, rtl):
+        write_stripes(d, cfg, 0, img)
+        out_bytes = (lay.out_rows[1] - lay.out_rows[0]) * lay.S
+        write_stripes(d, cfg, lay.out_rows[0], np.zeros(out_bytes, np.uint8))
+        write_stripes(d, cfg, lay.dump_row, np.zeros(lay.dump_rows * lay.S, np.uint8))
+    return cfg, lay, rng, iss, rtl
+
+
+@pytest.mark.rtl
+def test_random_programs(rtl_card, seed):
+    """Hundreds of random valid programs (every instruction type, random fields and HBM data):
+    RTL and ISS end with the same status, counters and HBM images. The VSP is compared too:
+    every program ends by storing it as raw fp32."""
+    cfg, lay, rng, iss, rtl = _pair(rtl_card, seed)
+    gen = ProgramGen(cfg, rng, lay)
+    ops = set()
+    for k in range(N_PROGRAMS):
+        prog = gen.program(int(rng.integers(5, 40)))
+        from hw.isa import decode
+        ops |= {decode(w).op + (f".{decode(w).vop}" if decode(w).op == "VEC" else "") for w in prog}
+        try:
+            c = _compare(cfg, lay, iss, rtl, prog)
+        except AssertionError as e:
+            raise AssertionError(f"program {k} (seed {seed}): {e}") from None
+        assert c["status"] & 0xFF == 0
+    from hw.isa import OPCODES, VOPS
+    expected = {o for o in OPCODES if o not in ("VEC", "COLL")} | {f"VEC.{c}" for c, _, _ in VOPS.values()}
+    assert expected <= ops, f"not covered: {expected - ops}"
+
+
+def _err(name):
+    return ERROR_CODES[name]
+
+
+def error_cases(cfg):
+    c = cfg.core
+    VW, XW, P = c.vsp_words, c.xb_words, c.vector_lanes
+    rows = cfg.channel_rows
+    red_max = max(c.limits.d_model, c.limits.seq_len)
+    ok = encode("LOAD", vsp=0, n=16, row=0)
+    st = encode("STORE", vsp=0, n=16, row=512, off=0, lepg=4, lgpr=0, gstride=0, rstride=1, f32=1)
+    return {
+        "opcode_zero": ([ok, st, 0, encode("HALT")], "ILLEGAL_OPCODE", 2),
+        "opcode_unknown": ([ok, 15, encode("HALT")], "ILLEGAL_OPCODE", 1),
+        "coll_reserved": ([ok, encode("COLL"), encode("HALT")], "ILLEGAL_OPCODE", 1),
+        "vop_unknown": ([ok, encode("VEC", vop=20, n=4), encode("HALT")], "ILLEGAL_OPCODE", 1),
+        "zero_length": ([ok, encode("LOAD", vsp=0, n=0, row=0), encode("HALT")], "BAD_FIELD", 1),
+        "tokens_zero": ([encode("WLOAD", row=64, tiles=1),
+                         encode("MATVEC", rb=1, cb=1, group=1, tokens=0), encode("HALT")], "BAD_FIELD", 1),
+        "tokens_nine": ([encode("MATVEC", rb=1, cb=1, group=1, tokens=9), encode("HALT")], "BAD_FIELD", 0),
+        "accumulators": ([encode("MATVEC", rb=1, cb=1, group=16, tokens=8, dstride=64),
+                          encode("HALT")], "BAD_FIELD", 0),
+        "store_span": ([ok, encode("STORE", vsp=0, n=4, row=512, off=cfg.stripe_bytes - 2, lepg=1),
+                        encode("HALT")], "BAD_FIELD", 1),
+        "reduce_too_long": ([encode("VEC", vop="REDSUM", src1=0, n=red_max + 1), encode("HALT")],
+                            "BAD_FIELD", 0),
+        "vsp_range": ([ok, encode("LOAD", vsp=VW - P, n=2 * P, row=0), encode("HALT")], "VSP_RANGE", 1),
+        "xb_range": ([encode("VEC", vop="CVT16", dst=XW - P, src1=0, n=2 * P), encode("HALT")],
+                     "XB_RANGE", 0),
+        "hbm_range": ([ok, st, encode("WLOAD", row=rows - 1, tiles=2), encode("HALT")], "HBM_RANGE", 2),
+        "overrun": ([ok, st], "PROGRAM_OVERRUN", 2),
+        "underflow": ([encode("WLOAD", row=64, tiles=1), encode("MATVEC", rb=1, cb=2, group=1, tokens=1),
+                       encode("HALT")], "WEIGHT_UNDERFLOW", 1),
+        "leftover": ([ok, encode("WLOAD", row=64, tiles=3), st, encode("HALT")], "WEIGHT_LEFTOVER", 3),
+        "dma_order": ([encode("WLOAD", row=64, tiles=1), ok, encode("HALT")], "DMA_ORDER", 1),
+        "align": ([encode("LOAD", vsp=1, n=4, row=0), encode("HALT")] if P > 1 else
+                  [encode("WLOAD", row=64, tiles=1), encode("MATVEC", xb=1, rb=1, cb=1, group=1, tokens=1),
+                   encode("HALT")], "ALIGN", 0 if P > 1 else 1),
+        "overlap": ([ok, encode("VEC", vop="ADD", dst=P, src1=0, src2=0, n=2 * P), encode("HALT")],
+                    "OVERLAP", 1),
+    }
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("case", list(error_cases(__import__("gen.config").config.load_config(
+    __import__("pathlib").Path(__file__).parent.parent / "configs" / "tiny.yaml"))))
+def test_error_stops(rtl_card, case):
+    """Each error stops the core cleanly with its status code at the faulting pc; the effects of
+    the instructions before it are there, in RTL and ISS alike."""
+    cfg, lay, rng, iss, rtl = _pair(rtl_card, 1)
+    prog, name, pc = error_cases(cfg)[case]
+    c = _compare(cfg, lay, iss, rtl, prog)
+    assert c["status"] == (pc << 8 | _err(name)), f"{case}: status {c['status']:#x}"
+    # The card is usable again afterwards.
+    c = _compare(cfg, lay, iss, rtl, [encode("LOAD", vsp=0, n=8, row=0), encode("HALT")])
+    assert c["status"] == 1 << 8
+
+
+@pytest.mark.rtl
+def test_program_address_errors(rtl_card):
+    """A misaligned program address, and a program that runs past the end of channel 0."""
+    cfg, lay, rng, iss, rtl = _pair(rtl_card, 1)
+    c = _compare(cfg, lay, iss, rtl, [encode("HALT")], prog_addr=lay.prog_addr + 8)
+    assert c["status"] == _err("ALIGN")
+    end = (cfg.hbm.channel_mbytes << 20) - 32
+    for d in (iss, rtl):
+        d.write_hbm(0, end, np.frombuffer(
+            b"".join(encode("LOAD", vsp=0, n=8, row=0).to_bytes(16, "little") for _ in range(2)), np.uint8))
+        from hw import regs
+        d.write_reg64(regs.ARGS["prog_addr"][0], end)
+        d.write_reg(regs.ARGS["prog_len"][0], 4)
+        d.start()
+        status = d.wait(60)
+        assert status == (2 << 8 | _err("AXI_ERROR")), f"{type(d).__name__}: {status:#x}"

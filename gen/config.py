@@ -230,6 +230,13 @@ class ApplianceConfig:
         """Stripe rows a pseudo-channel holds."""
         return (self.hbm.channel_mbytes << 20) // self.hbm_beat_bytes
 
+    @property
+    def reduce_max(self) -> int:
+        """Longest vector a REDSUM/REDMAX takes: the model width, or the context rounded up to
+        whole matrix-unit blocks (softmax runs over padded score vectors)."""
+        lim, w = self.core.limits, self.core.width
+        return max(lim.d_model, -(-lim.seq_len // w) * w)
+
     def derived(self) -> dict[str, Any]:
         return {
             "macs_per_cycle": self.macs_per_cycle,

@@ -56,10 +56,11 @@ FORMATS = (
     Format("FENCE", 2, "ctrl", (), "Wait until every issued instruction has completed."),
     Format("LOAD", 3, "dma_rd", (
         F("vsp", 16, "first VSP word written"),
-        F("n", 16, "fp16 elements to load (>= 1)"),
+        F("n", 16, "elements to load (>= 1)"),
         F("row", 24, "first stripe row read"),
+        F("f32", 1, "the elements are fp32 words (4 bytes) taken as they are, not fp16"),
     ), "VSP[vsp + i] = fp32(fp16 element i of the stripe rows from `row`), i < n. Element i "
-       "is at byte 2i of the run of stripes starting at `row`."),
+       "is at byte 2i (4i with f32) of the run of stripes starting at `row`."),
     Format("STORE", 4, "dma_wr", (
         F("vsp", 16, "first VSP word read"),
         F("n", 16, "elements to store (>= 1)"),
@@ -220,7 +221,8 @@ def isa_markdown():
               "|---|---|---|---|"]
     for name, (code, arity, doc) in VOPS.items():
         lines.append(f"| `{name}` | {code} | {arity} | {doc} |")
-    lines += ["", "Reductions (REDSUM, REDMAX; n at most max(limits.d_model, limits.seq_len)): the "
+    lines += ["", "Reductions (REDSUM, REDMAX; n at most max(limits.d_model, limits.seq_len rounded up to "
+              "a multiple of core.width)): the "
               "elements are laid out in rows of `vector_lanes`, missing elements set to the "
               "identity (-0 for the sum, -inf for the max). Then, at least once and until one row "
               "is left: with h = ceil(rows / 2), row i becomes op(row i, row i + h) (the identity "

@@ -73,7 +73,7 @@ class ProgramGen:
         self.P, self.L, self.W = c.vector_lanes, c.lanes, c.width
         self.VW, self.XW = c.vsp_words, c.xb_words
         self.S = cfg.stripe_bytes
-        self.red_max = max(c.limits.d_model, c.limits.seq_len)
+        self.red_max = cfg.reduce_max
         self.vlimit = min(self.VW, 4096)   # keep programs in the first part of the VSP
 
     def _aligned(self, n, align, limit):
@@ -90,9 +90,10 @@ class ProgramGen:
     def load(self):
         r = self.rng
         n = int(r.integers(1, 300))
-        nrows = -(-2 * n // self.S)
+        f32 = int(r.random() < 0.25)
+        nrows = -(-(4 if f32 else 2) * n // self.S)
         row = int(r.integers(self.lay.data_rows[0], self.lay.data_rows[1] - nrows + 1))
-        return [encode("LOAD", vsp=self._aligned(n, self.P, self.vlimit), n=n, row=row)]
+        return [encode("LOAD", vsp=self._aligned(n, self.P, self.vlimit), n=n, row=row, f32=f32)]
 
     def vec(self):
         r = self.rng

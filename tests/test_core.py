@@ -81,7 +81,7 @@ def error_cases(cfg):
     c = cfg.core
     VW, XW, P = c.vsp_words, c.xb_words, c.vector_lanes
     rows = cfg.channel_rows
-    red_max = max(c.limits.d_model, c.limits.seq_len)
+    red_max = cfg.reduce_max
     ok = encode("LOAD", vsp=0, n=16, row=0)
     st = encode("STORE", vsp=0, n=16, row=512, off=0, lepg=4, lgpr=0, gstride=0, rstride=1, f32=1)
     return {

@@ -86,7 +86,7 @@ class Card(wiring.Component):
         m.submodules.mpu = mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
                                      vsp_rows=self.vsp_rows, xb_words=c.xb_words)
         m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=self.vsp_rows, xb_words=c.xb_words,
-                                     width=c.width, red_max=max(c.limits.d_model, c.limits.seq_len))
+                                     width=c.width, red_max=cfg.reduce_max)
         m.submodules.vsp = vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
                                      readers=["vpu_a", "vpu_b", "mpu", "store"],
                                      writers=["vpu", "mpu", "load"])

@@ -23,7 +23,7 @@ from .vsp import ReadPort, WritePort
 
 __all__ = ["DmaReadCmd", "DmaRead", "StoreCmd", "DmaWrite"]
 
-DmaReadCmd = data.StructLayout({"wload": 1, "row": 24, "count": 24, "vsp": 16, "n": 16})
+DmaReadCmd = data.StructLayout({"wload": 1, "row": 24, "count": 24, "vsp": 16, "n": 16, "f32": 1})
 StoreCmd = data.StructLayout({"vsp": 16, "n": 16, "row": 24, "off": 12, "lepg": 4, "lgpr": 4,
                               "gstride": 12, "rstride": 16, "f32": 1})
 
@@ -75,7 +75,7 @@ class DmaRead(wiring.Component):
             m.d.comb += r.base.eq(getattr(self, f"ptr_{k}"))
 
         # -- command side: give every reader the same run of beats ----------------------
-        kinds = SyncFIFOBuffered(width=1 + 16 + 16, depth=4)   # wload, vsp, n per command
+        kinds = SyncFIFOBuffered(width=1 + 16 + 16 + 1, depth=4)   # wload, vsp, n, f32
         m.submodules.kinds = kinds
         sent = Signal(C)
         cmd = self.cmd.payload
@@ -86,7 +86,7 @@ class DmaRead(wiring.Component):
                          r.cmd.payload.addr.eq(cmd.row), r.cmd.payload.beats.eq(cmd.count)]
         accept = self.cmd.valid & kinds.w_rdy & all_sent
         m.d.comb += [self.cmd.ready.eq(accept), kinds.w_en.eq(accept),
-                     kinds.w_data.eq(Cat(cmd.wload, cmd.vsp, cmd.n))]
+                     kinds.w_data.eq(Cat(cmd.wload, cmd.vsp, cmd.n, cmd.f32))]
         with m.If(accept):
             m.d.sync += sent.eq(0)
         with m.Else():
@@ -109,6 +109,7 @@ class DmaRead(wiring.Component):
         head_wload = kinds.r_data[0]
         head_vsp = kinds.r_data[1:17]
         head_n = kinds.r_data[17:33]
+        head_f32 = kinds.r_data[33]
 
         # WLOAD: stripes straight into the weight FIFO.
         m.d.comb += [self.tiles.payload.eq(stripe)]
@@ -117,6 +118,8 @@ class DmaRead(wiring.Component):
         held_valid = Signal()
         held_last = Signal()
         pos = Signal(range(elems // P + 1))      # write beat within the stripe
+        beats_per_stripe = Mux(head_f32, elems // (2 * P), elems // P)
+        stripe_elems = Mux(head_f32, elems // 2, elems)
         done_elems = Signal(17)                  # elements of this LOAD consumed so far
         with m.If(kinds.r_rdy & head_wload):
             m.d.comb += [self.tiles.valid.eq(joined_valid), take.eq(joined_valid & self.tiles.ready)]
@@ -135,8 +138,11 @@ class DmaRead(wiring.Component):
             sel = held[0:16]
             for q in range(elems // P):
                 sel = Mux(pos == q, held[16 * (q * P + j):16 * (q * P + j + 1)], sel)
+            raw = held[0:32]
+            for q in range(elems // (2 * P)):
+                raw = Mux(pos == q, held[32 * (q * P + j):32 * (q * P + j + 1)], raw)
             m.d.comb += h.eq(sel)
-            words.append(fp16_to_fp32_comb(m, h, f"ld{j}"))
+            words.append(Mux(head_f32, raw, fp16_to_fp32_comb(m, h, f"ld{j}")))
         mask = Signal(P)
         for j in range(P):
             m.d.comb += mask[j].eq(e0 + j < head_n)
@@ -147,8 +153,8 @@ class DmaRead(wiring.Component):
                      self.w.req.payload.data.eq(Cat(*words))]
         beat_done = held_valid & (~in_range | (self.w.req.valid & self.w.req.ready))
         with m.If(beat_done):
-            with m.If((pos == elems // P - 1) | ~in_range):
-                m.d.sync += [held_valid.eq(0), done_elems.eq(done_elems + elems)]
+            with m.If((pos == beats_per_stripe - 1) | ~in_range):
+                m.d.sync += [held_valid.eq(0), done_elems.eq(done_elems + stripe_elems)]
                 with m.If(held_last):
                     m.d.sync += done_elems.eq(0)
                     m.d.comb += [kinds.r_en.eq(1), self.done.eq(1)]

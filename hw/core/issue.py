@@ -78,7 +78,7 @@ class Issue(wiring.Component):
         self.S = cfg.stripe_bytes
         self.vsp_words, self.xb_words = c.vsp_words, c.xb_words
         self.rows = cfg.channel_rows
-        self.red_max = max(c.limits.d_model, c.limits.seq_len)
+        self.red_max = cfg.reduce_max
         super().__init__({
             "insn": In(stream.Signature(FetchedInsn)),
             "exhausted": In(1), "start": In(1), "misaligned": In(1),
@@ -113,8 +113,8 @@ class Issue(wiring.Component):
             with m.Case(OPCODES["FENCE"]):
                 m.d.comb += d.kind.eq(KIND["FENCE"])
             with m.Case(OPCODES["LOAD"]):
-                f = {n: _field(w, "LOAD", n) for n in ("vsp", "n", "row")}
-                nrows = (Cat(Const(0, 1), f["n"]) + (S - 1)) >> sl
+                f = {n: _field(w, "LOAD", n) for n in ("vsp", "n", "row", "f32")}
+                nrows = ((f["n"] << Mux(f["f32"], 2, 1)) + (S - 1)) >> sl
                 m.d.comb += d.kind.eq(KIND["LOAD"])
                 m.d.comb += d.err.eq(_first([
                     (f["n"] == 0, E["BAD_FIELD"]),
@@ -291,7 +291,9 @@ class Issue(wiring.Component):
             self.q_dma_rd.payload.wload.eq(kind == KIND["WLOAD"]),
             self.q_dma_rd.payload.row.eq(Mux(kind == KIND["WLOAD"], lo("WLOAD", "row"), lo("LOAD", "row"))),
             self.q_dma_rd.payload.count.eq(Mux(kind == KIND["WLOAD"], lo("WLOAD", "tiles"),
-                                               (Cat(Const(0, 1), lo("LOAD", "n")) + (S - 1)) >> sl)),
+                                               ((lo("LOAD", "n") << Mux(lo("LOAD", "f32"), 2, 1))
+                                                + (S - 1)) >> sl)),
+            self.q_dma_rd.payload.f32.eq(lo("LOAD", "f32")),
             self.q_dma_rd.payload.vsp.eq(lo("LOAD", "vsp")),
             self.q_dma_rd.payload.n.eq(lo("LOAD", "n")),
         ]

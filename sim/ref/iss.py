@@ -46,7 +46,7 @@ class Iss:
         self.vsp = np.zeros(c.vsp_words, np.uint32)
         self.xb = np.zeros(c.xb_words, np.uint16)
         self.fifo = []          # tiles streamed and not yet consumed: [L, W] uint16 each
-        self.red_max = max(c.limits.d_model, c.limits.seq_len)
+        self.red_max = cfg.reduce_max
         self.counters = {name: 0 for name in regs.COUNTERS}
 
     # -- HBM stripes ------------------------------------------------------------------------
@@ -115,13 +115,14 @@ class Iss:
         if i.vsp % P:
             raise IssError("ALIGN")
         self._vsp_range(i.vsp, i.n)
-        nrows = -(-2 * i.n // S)
+        z = 4 if i.f32 else 2
+        nrows = -(-z * i.n // S)
         if i.row + nrows > self.rows:
             raise IssError("HBM_RANGE")
         if self.fifo:
             raise IssError("DMA_ORDER")
-        data = self.read_stripes(i.row, nrows)[:2 * i.n].view(np.uint16)
-        self.vsp[i.vsp:i.vsp + i.n] = A.fp16_to_fp32(data)
+        raw = self.read_stripes(i.row, nrows)[:z * i.n]
+        self.vsp[i.vsp:i.vsp + i.n] = raw.view(np.uint32) if i.f32 else A.fp16_to_fp32(raw.view(np.uint16))
         self.counters["hbm_rd_bytes"] += nrows * S
 
     def _store(self, i):

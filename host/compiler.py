@@ -1,0 +1,434 @@
+"""Compile a GPT-2 onto a card: the HBM image (weight tiles in stream order, parameters,
+constants, KV cache) and, per generation step, the instruction stream.
+
+Layouts (L lanes, W width, G = 8 row blocks per group):
+- a weight matrix [out, in] is padded to whole L x W tiles and stored in the MATVEC stream
+  order for groups of G row blocks: for each group, column block by column block, row block
+  by row block; one tile per stripe row;
+- the K cache of a head is a matrix [position, head_dim] in row-block-major tiles, so that a
+  new position appends W-element groups (one per column block) to one lane of a tile;
+- the V cache of a head is stored transposed, [head_dim, position], in column-block-major
+  tiles (group = all row blocks), so that new positions append whole tiles at the end;
+- q is pre-scaled by 1/sqrt(head_dim) in the weights (exact when head_dim is a power of 4);
+- parameters (LayerNorm, biases) and constants are fp32, loaded with LOAD.f32.
+
+Prefetch: every WLOAD is placed right after the MATVEC before it, so that the next matrix
+streams into the weight FIFO while the vector unit works. A LOAD only appears where no tile
+is pending (the ISA's DMA_ORDER rule).
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.isa import encode
+
+from .errors import UserError
+
+__all__ = ["CompiledModel", "tiles_in_stream_order", "GROUP"]
+
+GROUP = 8           # row blocks per group: >= the accumulator's reuse distance (Fp32Add + 2)
+
+
+def _up(x, m):
+    return -(-x // m) * m
+
+
+def tiles_in_stream_order(mat, L, W, group):
+    """fp16 matrix [rows, cols] -> tiles [n, L, W] in the MATVEC stream order."""
+    rows, cols = mat.shape
+    R, C = _up(rows, L), _up(cols, W)
+    pad = np.zeros((R, C), np.float16)
+    pad[:rows, :cols] = mat
+    rb, cb = R // L, C // W
+    blocks = pad.reshape(rb, L, cb, W).transpose(0, 2, 1, 3)       # [rb, cb, L, W]
+    order = [(r, c) for g0 in range(0, rb, group) for c in range(cb)
+             for r in range(g0, min(g0 + group, rb))]
+    return np.stack([blocks[r, c] for r, c in order]), rb, cb
+
+
+class HbmImage:
+    """A card's HBM contents, allocated by stripe rows."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.S = cfg.stripe_bytes
+        self.next_row = 0
+        self.parts = []          # (row, bytes)
+
+    def alloc(self, nbytes, data=None):
+        row = self.next_row
+        rows = max(1, -(-nbytes // self.S))
+        self.next_row += rows
+        if data is not None:
+            self.parts.append((row, np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)))
+        return row, rows
+
+    def write(self, dev):
+        from sim.progs import write_stripes
+        for row, data in self.parts:
+            write_stripes(dev, self.cfg, row, data)
+
+
+class Vsp:
+    """Bump allocator for VSP words or XB words, aligned."""
+
+    def __init__(self, words, align, what):
+        self.words, self.align, self.what = words, align, what
+        self.next = 0
+
+    def __call__(self, n, align=None):
+        a = _up(self.next, align or self.align)
+        if a + n > self.words:
+            raise UserError(f"model: needs more than the {self.words} {self.what} words this "
+                            f"build has (core.{'vsp' if self.what == 'VSP' else 'xb'}_words)")
+        self.next = a + n
+        return a
+
+
+@dataclass
+class LayerRows:
+    params: int
+    qkv: tuple
+    proj: tuple
+    fc: tuple
+    fc2: tuple
+    k: list
+    v: list
+
+
+class CompiledModel:
+    """A GPT-2 compiled for one card of ``cfg`` (all heads and columns on this card)."""
+
+    def __init__(self, cfg, model, *, max_tokens=None, dump_hidden=False, all_logits=False):
+        self.cfg, self.model = cfg, model
+        sh = model.shape
+        c = cfg.core
+        self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
+        self.S = cfg.stripe_bytes
+        self.sh = sh
+        self.dump_hidden = dump_hidden
+        self._check_limits()
+        L, W, P = self.L, self.W, self.P
+        d, H, hd, F = sh.d_model, sh.n_head, sh.head_dim, sh.d_ff
+        self.hdp = _up(hd, W)                 # a head's q/k/v padded to whole blocks
+        self.dq = H * self.hdp
+        self.dS = _up(d, W)                   # token strides, whole XB blocks
+        self.qS = _up(3 * self.dq, W)
+        self.fS = _up(F, W)
+        self.nS = _up(_up(sh.n_positions, W), L)  # scores per token (padded)
+        self.vS = _up(sh.vocab, L)
+        self.all_logits = all_logits
+        # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit).
+        for T in ([max_tokens] if max_tokens else range(8, 0, -1)):
+            self.T = T
+            try:
+                self._alloc_onchip()
+                break
+            except UserError:
+                if max_tokens or T == 1:
+                    raise
+        self.img = HbmImage(cfg)
+        self._build_image()
+
+    # -- limits ---------------------------------------------------------------------------
+    def _check_limits(self):
+        lim, sh = self.cfg.core.limits, self.sh
+        for name, have, cap in (("d_model", sh.d_model, lim.d_model), ("heads", sh.n_head, lim.heads),
+                                ("layers", sh.n_layer, lim.layers), ("vocab", sh.vocab, lim.vocab),
+                                ("seq_len", sh.n_positions, lim.seq_len)):
+            if have > cap:
+                raise UserError(f"model: {name} {have} exceeds the build's core.limits.{name} = {cap} "
+                                f"(by {have - cap}); use a larger config")
+
+    # -- HBM image --------------------------------------------------------------------------
+    def _matrix(self, mat):
+        tiles, rb, cb = tiles_in_stream_order(mat.astype(np.float16), self.L, self.W, GROUP)
+        row, rows = self.img.alloc(tiles.nbytes, tiles)
+        return row, rb, cb
+
+    def _build_image(self):
+        sh, w = self.sh, self.model.weights
+        d, H, hd, F = sh.d_model, sh.n_head, sh.head_dim, sh.d_ff
+        hdp, dq, L, W = self.hdp, self.dq, self.L, self.W
+        img = self.img
+        self.const_row, _ = img.alloc(self.S, np.array([1.0 / d, sh.eps], np.float32))
+        self.tok_rows = max(1, -(-2 * d // self.S))
+        wte = np.zeros((sh.vocab, self.tok_rows * self.S // 2), np.float16)
+        wte[:, :d] = w["wte.weight"]
+        self.wte_row, _ = img.alloc(wte.nbytes, wte)
+        wpe = np.zeros((sh.n_positions, self.tok_rows * self.S // 2), np.float16)
+        wpe[:, :d] = w["wpe.weight"]
+        self.wpe_row, _ = img.alloc(wpe.nbytes, wpe)
+        scale = 1.0 / np.sqrt(hd)
+        self.layers = []
+        for i in range(sh.n_layer):
+            p = f"h.{i}."
+            wa, ba = w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"]   # [3d, d]
+            # Rows of the padded qkv output: q heads, k heads, v heads, each hdp rows.
+            qkv = np.zeros((3 * dq, d), np.float32)
+            bqkv = np.zeros(3 * dq, np.float32)
+            for part in range(3):
+                for h in range(H):
+                    src = slice(part * d + h * hd, part * d + (h + 1) * hd)
+                    dst = slice(part * dq + h * hdp, part * dq + h * hdp + hd)
+                    s = scale if part == 0 else 1.0
+                    qkv[dst] = wa[src] * s
+                    bqkv[dst] = ba[src] * s
+            wproj = np.zeros((d, dq), np.float32)          # input columns in the padded layout
+            for h in range(H):
+                wproj[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, h * hd:(h + 1) * hd]
+            params = self._param_vector([w[p + "ln_1.weight"], w[p + "ln_1.bias"], bqkv,
+                                         w[p + "attn.c_proj.bias"], w[p + "ln_2.weight"],
+                                         w[p + "ln_2.bias"], w[p + "mlp.c_fc.bias"],
+                                         w[p + "mlp.c_proj.bias"]])
+            prow, _ = img.alloc(params.nbytes, params)
+            self._layer_offsets, self._layer_len = self._param_offsets, self._param_len
+            rows = LayerRows(
+                params=prow, qkv=self._matrix(qkv), proj=self._matrix(wproj),
+                fc=self._matrix(w[p + "mlp.c_fc.weight"].T), fc2=self._matrix(w[p + "mlp.c_proj.weight"].T),
+                k=[], v=[])
+            kb = _up(sh.n_positions, L) // L * (hdp // W)
+            vb = _up(sh.n_positions, W) // W * (hdp // L)
+            for h in range(H):
+                rows.k.append(img.alloc(kb * self.S)[0])
+                rows.v.append(img.alloc(vb * self.S)[0])
+            self.layers.append(rows)
+        lnf = self._param_vector([w["ln_f.weight"], w["ln_f.bias"]])
+        self.lnf_row, _ = img.alloc(lnf.nbytes, lnf)
+        self.head = self._matrix(w["wte.weight"])
+        self.logits_row, _ = img.alloc((self.T if self.all_logits else 1) * self.vS * 4)
+        per = -(-self.T * self.dS * 4 // self.S)
+        self.hidden_row, _ = img.alloc((sh.n_layer + 1) * per * self.S)
+        self.kv_rows = (self.layers[0].k[0] if self.layers else 0, self.lnf_row)
+        self.prog_addr = (img.next_row + 4) * self.cfg.hbm_beat_bytes
+        if img.next_row + 4 > self.cfg.channel_rows:
+            raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the build has "
+                            f"{self.cfg.channel_rows}")
+
+    def _param_vector(self, parts):
+        """fp32 vector of parts, each starting at a multiple of P (the VSP offsets match)."""
+        offs, n = [], 0
+        for p in parts:
+            offs.append(n)
+            n = _up(n + len(p), self.P)
+        v = np.zeros(n, np.float32)
+        for o, p in zip(offs, parts, strict=True):
+            v[o:o + len(p)] = p
+        self._param_offsets = offs
+        self._param_len = n
+        return v
+
+    def _alloc_onchip(self):
+        c, sh, T = self.cfg.core, self.sh, self.T
+        d, F = sh.d_model, sh.d_ff
+        v = Vsp(c.vsp_words, self.P, "VSP")
+        self.v_const = v(self.P)
+        self.v_x = v(T * self.dS)
+        self.v_a = v(T * self.dS)
+        self.v_y = v(T * self.dS)
+        self.v_tmp = v(self.dS)
+        self.v_qkv = v(T * self.qS)
+        self.v_sc = v(T * self.nS)
+        self.v_att = v(T * _up(self.dq, self.W))
+        self.v_h = v(T * self.fS)
+        plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
+        # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
+        # last readers of this layer's parameters.
+        self.v_pars = (v(plen), v(plen))
+        self.v_scal = v(4 * T * self.P)
+        self.v_logits = v((T if self.all_logits else 1) * self.vS)
+        xb = Vsp(c.xb_words, self.W, "XB")
+        self.x_a = xb(T * self.dS)
+        self.x_q = xb(T * self.hdp)
+        self.x_p = xb(T * self.nS)
+        self.x_att = xb(T * _up(self.dq, self.W))
+        self.x_h = xb(T * self.fS)
+
+    def load(self, dev):
+        """Write the image (weights, parameters, constants, zeroed KV cache) into a card."""
+        self.img.write(dev)
+        from sim.progs import write_stripes
+        lo, hi = self.kv_rows
+        if hi > lo:
+            write_stripes(dev, self.cfg, lo, np.zeros((hi - lo) * self.S, np.uint8))
+
+    # -- programs ---------------------------------------------------------------------------
+    def step(self, tokens, pos0):
+        """Program for ``tokens`` (at most max_tokens) at positions pos0, pos0 + 1, ..."""
+        T = len(tokens)
+        if not 1 <= T <= self.T:
+            raise ValueError(f"step: {T} tokens; 1..{self.T} allowed")
+        if pos0 + T > self.sh.n_positions:
+            raise UserError(f"prompt: position {pos0 + T - 1} is beyond the model's context "
+                            f"({self.sh.n_positions} positions)")
+        return _Emitter(self, list(tokens), pos0).program()
+
+    def read_logits(self, dev, T):
+        """Logits of the step's tokens (all of them if compiled with all_logits, else the last)."""
+        from sim.progs import read_stripes
+        T = T if self.all_logits else 1
+        rows = -(-T * self.vS * 4 // self.S)
+        raw = read_stripes(dev, self.cfg, self.logits_row, rows)[:T * self.vS * 4].view(np.float32)
+        return raw.reshape(T, self.vS)[:, :self.sh.vocab]
+
+    def read_hidden(self, dev, T):
+        from sim.progs import read_stripes
+        per = -(-self.T * self.dS * 4 // self.S)
+        out = []
+        for k in range(self.sh.n_layer + 1):
+            raw = read_stripes(dev, self.cfg, self.hidden_row + k * per, per)
+            out.append(raw[:self.T * self.dS * 4].view(np.float32).reshape(self.T, self.dS)[:T, :self.sh.d_model])
+        return np.stack(out)
+
+
+class _Emitter:
+    """Builds one step's program (see the module docstring for the order of things)."""
+
+    def __init__(self, cm, tokens, pos0):
+        self.cm, self.tokens, self.pos0 = cm, tokens, pos0
+        self.T = len(tokens)
+        self.out = []
+
+    def e(self, op, **f):
+        self.out.append(encode(op, **f))
+
+    def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0):
+        self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k)
+
+    def wload(self, m):
+        row, rb, cb = m
+        self.e("WLOAD", row=row, tiles=rb * cb)
+
+    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP):
+        _, rb, cb = m
+        self.e("MATVEC", xb=xb, dst=dst, rb=rb, cb=cb, group=min(group, 64 // self.T),
+               tokens=self.T, xstride=xstride if self.T > 1 else 0,
+               dstride=dstride if self.T > 1 else 0, bias=bias or 0, bias_en=int(bias is not None))
+
+    def scalar(self, t, k):
+        return self.cm.v_scal + (4 * t + k) * self.cm.P
+
+    def layer_norm(self, t, src, dst, g, b):
+        cm, d = self.cm, self.cm.sh.d_model
+        s0, s1 = self.scalar(t, 0), self.scalar(t, 1)
+        inv_d, eps = cm.v_const, cm.v_const + 1
+        self.vec("REDSUM", s0, src, d)
+        self.vec("MUL", s0, s0, 1, src2=inv_d, bcast=1)
+        self.vec("SUB", dst, src, d, src2=s0, bcast=1)
+        self.vec("MUL", cm.v_tmp, dst, d, src2=dst)
+        self.vec("REDSUM", s1, cm.v_tmp, d)
+        self.vec("MUL", s1, s1, 1, src2=inv_d, bcast=1)
+        self.vec("ADD", s1, s1, 1, src2=eps, bcast=1)
+        self.vec("RSQRT", s1, s1, 1)
+        self.vec("MUL", dst, dst, d, src2=s1, bcast=1)
+        self.vec("MUL", dst, dst, d, src2=g)
+        self.vec("ADD", dst, dst, d, src2=b)
+
+    def program(self):
+        cm, T, sh = self.cm, self.T, self.cm.sh
+        d, H, hdp, dq = sh.d_model, sh.n_head, cm.hdp, cm.dq
+        L, W, P = cm.L, cm.W, cm.P
+        dS, qS, nS, fS = cm.dS, cm.qS, cm.nS, cm.fS
+        aS = _up(dq, W)
+        last = self.pos0 + T - 1
+        # Embeddings and constants.
+        self.e("LOAD", vsp=cm.v_const, n=2, row=cm.const_row, f32=1)
+        for t, tok in enumerate(self.tokens):
+            if not 0 <= tok < sh.vocab:
+                raise UserError(f"token id {tok} is outside the vocabulary (0..{sh.vocab - 1})")
+            x = cm.v_x + t * dS
+            self.e("LOAD", vsp=x, n=d, row=cm.wte_row + tok * cm.tok_rows)
+            self.e("LOAD", vsp=cm.v_y + t * dS, n=d, row=cm.wpe_row + (self.pos0 + t) * cm.tok_rows)
+            self.vec("ADD", x, x, d, src2=cm.v_y + t * dS)
+        self.dump(0)
+        po = cm._layer_offsets
+        for li, lr in enumerate(cm.layers):
+            par = cm.v_pars[li % 2]
+            g1, b1, bqkv, bproj, g2, b2, bfc, bfc2 = (par + o for o in po)
+            self.e("LOAD", vsp=par, n=cm._layer_len, row=lr.params, f32=1)
+            self.wload(lr.qkv)
+            for t in range(T):
+                self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g1, b1)
+            self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
+            self.matvec(lr.qkv, cm.x_a, dS, cm.v_qkv, qS, bias=bqkv)
+            # New K rows and V columns into the caches.
+            for t in range(T):
+                p = self.pos0 + t
+                for h in range(H):
+                    k = cm.v_qkv + t * qS + dq + h * hdp
+                    v = cm.v_qkv + t * qS + 2 * dq + h * hdp
+                    self.e("STORE", vsp=k, n=hdp, row=lr.k[h] + (p // L) * (hdp // W), off=(p % L) * 2 * W,
+                           lepg=W.bit_length() - 1, lgpr=0, gstride=0, rstride=1)
+                    self.e("STORE", vsp=v, n=hdp, row=lr.v[h] + (p // W) * (hdp // L), off=2 * (p % W),
+                           lepg=0, lgpr=L.bit_length() - 1, gstride=2 * W, rstride=1)
+            rbk, cbk = -(-(last + 1) // L), hdp // W
+            rbv, cbv = hdp // L, -(-(last + 1) // W)
+            kmat = [(lr.k[h], rbk, cbk) for h in range(H)]
+            vmat = [(lr.v[h], rbv, cbv) for h in range(H)]
+            self.wload(kmat[0])
+            for h in range(H):
+                for t in range(T):
+                    self.vec("CVT16", cm.x_q + t * hdp, cm.v_qkv + t * qS + h * hdp, hdp)
+                self.matvec(kmat[h], cm.x_q, hdp, cm.v_sc, nS, group=GROUP if cbk == 1 else 1)
+                self.wload(vmat[h])
+                ns = cbv * W
+                for t in range(T):
+                    s = cm.v_sc + t * nS
+                    m, z = self.scalar(t, 2), self.scalar(t, 3)
+                    self.vec("MASK", s, s, ns, k=self.pos0 + t)
+                    self.vec("REDMAX", m, s, ns)
+                    self.vec("SUB", s, s, ns, src2=m, bcast=1)
+                    self.vec("EXP", s, s, ns)
+                    self.vec("REDSUM", z, s, ns)
+                    self.vec("RECIP", z, z, 1)
+                    self.vec("MUL", s, s, ns, src2=z, bcast=1)
+                self.vec("CVT16", cm.x_p, cm.v_sc, T * nS)
+                assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
+                self.matvec(vmat[h], cm.x_p, nS, cm.v_att + h * hdp, aS, group=rbv)
+                self.wload(kmat[h + 1] if h + 1 < H else lr.proj)
+            self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
+            self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj)
+            self.wload(lr.fc)
+            self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
+            for t in range(T):
+                self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g2, b2)
+            self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
+            self.matvec(lr.fc, cm.x_a, dS, cm.v_h, fS, bias=bfc)
+            self.wload(lr.fc2)
+            self.vec("GELU", cm.v_h, cm.v_h, T * fS)
+            self.vec("CVT16", cm.x_h, cm.v_h, T * fS)
+            self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2)
+            self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
+            self.dump(li + 1)
+        # Final LayerNorm and the LM head (the token embedding, tied).
+        par = cm.v_pars[len(cm.layers) % 2]
+        self.e("LOAD", vsp=par, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
+        self.wload(cm.head)
+        for t in range(T):
+            self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, par, par + _up(d, P))
+        if cm.all_logits:
+            self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
+            self.matvec(cm.head, cm.x_a, dS, cm.v_logits, cm.vS)
+            self.store_f32(cm.v_logits, T * cm.vS, cm.logits_row)
+        else:      # generation needs the last position's logits only
+            self.vec("CVT16", cm.x_a, cm.v_a + (T - 1) * dS, dS)
+            self.e("MATVEC", xb=cm.x_a, dst=cm.v_logits, rb=cm.head[1], cb=cm.head[2], group=GROUP,
+                   tokens=1)
+            self.store_f32(cm.v_logits, cm.vS, cm.logits_row)
+        self.e("HALT")
+        return self.out
+
+    def store_f32(self, vsp, n, row):
+        per_row = self.cm.S // 4
+        lepg = per_row.bit_length() - 1
+        for a in range(0, n, 1 << 15):
+            k = min(1 << 15, n - a)
+            self.e("STORE", vsp=vsp + a, n=k, row=row + a // per_row, off=0, lepg=lepg, lgpr=0,
+                   gstride=0, rstride=1, f32=1)
+
+    def dump(self, k):
+        cm = self.cm
+        if cm.dump_hidden:
+            rows = -(-cm.T * cm.dS * 4 // cm.S)
+            self.store_f32(cm.v_x, self.T * cm.dS, cm.hidden_row + k * rows)

@@ -109,7 +109,7 @@ class CompiledModel:
         self.sh = sh
         self.dump_hidden = dump_hidden
         self._check_limits()
-        L, W, P = self.L, self.W, self.P
+        L, W = self.L, self.W
         d, H, hd, F = sh.d_model, sh.n_head, sh.head_dim, sh.d_ff
         self.hdp = _up(hd, W)                 # a head's q/k/v padded to whole blocks
         self.dq = H * self.hdp
@@ -149,7 +149,7 @@ class CompiledModel:
 
     def _build_image(self):
         sh, w = self.sh, self.model.weights
-        d, H, hd, F = sh.d_model, sh.n_head, sh.head_dim, sh.d_ff
+        d, H, hd = sh.d_model, sh.n_head, sh.head_dim
         hdp, dq, L, W = self.hdp, self.dq, self.L, self.W
         img = self.img
         self.const_row, _ = img.alloc(self.S, np.array([1.0 / d, sh.eps], np.float32))
@@ -190,7 +190,7 @@ class CompiledModel:
                 k=[], v=[])
             kb = _up(sh.n_positions, L) // L * (hdp // W)
             vb = _up(sh.n_positions, W) // W * (hdp // L)
-            for h in range(H):
+            for _h in range(H):
                 rows.k.append(img.alloc(kb * self.S)[0])
                 rows.v.append(img.alloc(vb * self.S)[0])
             self.layers.append(rows)
@@ -278,7 +278,8 @@ class CompiledModel:
         out = []
         for k in range(self.sh.n_layer + 1):
             raw = read_stripes(dev, self.cfg, self.hidden_row + k * per, per)
-            out.append(raw[:self.T * self.dS * 4].view(np.float32).reshape(self.T, self.dS)[:T, :self.sh.d_model])
+            vals = raw[:self.T * self.dS * 4].view(np.float32).reshape(self.T, self.dS)
+            out.append(vals[:T, :self.sh.d_model])
         return np.stack(out)
 
 

@@ -188,19 +188,22 @@ class CompiledModel:
                 params=prow, qkv=self._matrix(qkv), proj=self._matrix(wproj),
                 fc=self._matrix(w[p + "mlp.c_fc.weight"].T), fc2=self._matrix(w[p + "mlp.c_proj.weight"].T),
                 k=[], v=[])
-            kb = _up(sh.n_positions, L) // L * (hdp // W)
-            vb = _up(sh.n_positions, W) // W * (hdp // L)
-            for _h in range(H):
-                rows.k.append(img.alloc(kb * self.S)[0])
-                rows.v.append(img.alloc(vb * self.S)[0])
             self.layers.append(rows)
         lnf = self._param_vector([w["ln_f.weight"], w["ln_f.bias"]])
         self.lnf_row, _ = img.alloc(lnf.nbytes, lnf)
         self.head = self._matrix(w["wte.weight"])
+        # The KV caches, one contiguous region (zeroed when a model is loaded).
+        kb = _up(sh.n_positions, L) // L * (hdp // W)
+        vb = _up(sh.n_positions, W) // W * (hdp // L)
+        kv0 = img.next_row
+        for rows in self.layers:
+            for _h in range(H):
+                rows.k.append(img.alloc(kb * self.S)[0])
+                rows.v.append(img.alloc(vb * self.S)[0])
+        self.kv_rows = (kv0, img.next_row)
         self.logits_row, _ = img.alloc((self.T if self.all_logits else 1) * self.vS * 4)
         per = -(-self.T * self.dS * 4 // self.S)
         self.hidden_row, _ = img.alloc((sh.n_layer + 1) * per * self.S)
-        self.kv_rows = (self.layers[0].k[0] if self.layers else 0, self.lnf_row)
         self.prog_addr = (img.next_row + 4) * self.cfg.hbm_beat_bytes
         if img.next_row + 4 > self.cfg.channel_rows:
             raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the build has "
@@ -237,7 +240,14 @@ class CompiledModel:
         # last readers of this layer's parameters.
         self.v_pars = (v(plen), v(plen))
         self.v_scal = v(4 * T * self.P)
-        self.v_logits = v((T if self.all_logits else 1) * self.vS)
+        if self.all_logits:
+            self.v_logits = v(T * self.vS)
+        else:
+            # The LM head in chunks of whole groups of row blocks, two buffers: one chunk's
+            # logits are stored while the next is computed.
+            unit = int(np.lcm(self.L * GROUP, self.S // 4))
+            self.chunk = min(_up(self.vS, unit), max(unit, (c.vsp_words - v.next) // 2 // unit * unit))
+            self.v_logits = (v(self.chunk), v(self.chunk))
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
         self.x_q = xb(T * self.hdp)
@@ -405,7 +415,11 @@ class _Emitter:
         # Final LayerNorm and the LM head (the token embedding, tied).
         par = cm.v_pars[len(cm.layers) % 2]
         self.e("LOAD", vsp=par, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
-        self.wload(cm.head)
+        if cm.all_logits:
+            self.wload(cm.head)
+        else:
+            row, rb, cb = cm.head
+            self.e("WLOAD", row=row, tiles=min(cm.chunk // L, rb) * cb)
         for t in range(T):
             self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, par, par + _up(d, P))
         if cm.all_logits:
@@ -414,9 +428,17 @@ class _Emitter:
             self.store_f32(cm.v_logits, T * cm.vS, cm.logits_row)
         else:      # generation needs the last position's logits only
             self.vec("CVT16", cm.x_a, cm.v_a + (T - 1) * dS, dS)
-            self.e("MATVEC", xb=cm.x_a, dst=cm.v_logits, rb=cm.head[1], cb=cm.head[2], group=GROUP,
-                   tokens=1)
-            self.store_f32(cm.v_logits, cm.vS, cm.logits_row)
+            row, rb, cb = cm.head
+            per = cm.chunk // L                    # row blocks per chunk (whole groups)
+            chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
+            per_row = cm.S // 4
+            for k, (r0, n) in enumerate(chunks):
+                buf = cm.v_logits[k % 2]
+                self.e("MATVEC", xb=cm.x_a, dst=buf, rb=n, cb=cb, group=GROUP, tokens=1)
+                if k + 1 < len(chunks):
+                    r1, n1 = chunks[k + 1]
+                    self.e("WLOAD", row=row + r1 * cb, tiles=n1 * cb)
+                self.store_f32(buf, n * L, cm.logits_row + r0 * L // per_row)
         self.e("HALT")
         return self.out
 

@@ -12,9 +12,10 @@ Layouts (L lanes, W width, G = 8 row blocks per group):
 - q is pre-scaled by 1/sqrt(head_dim) in the weights (exact when head_dim is a power of 4);
 - parameters (LayerNorm, biases) and constants are fp32, loaded with LOAD.f32.
 
-Prefetch: every WLOAD is placed right after the MATVEC before it, so that the next matrix
-streams into the weight FIFO while the vector unit works. A LOAD only appears where no tile
-is pending (the ISA's DMA_ORDER rule).
+Prefetch: matrices are cut into MATVECs of at most half the weight FIFO (whole groups), and
+each MATVEC's WLOAD is placed as early as the ISA allows: in MATVEC order, once its data are
+in HBM (K/V after their STOREs), and while the streamed-but-unclaimed tiles fit in the FIFO.
+So the weights of the next matrices stream while the vector unit works.
 """
 
 from dataclasses import dataclass
@@ -293,29 +294,88 @@ class CompiledModel:
         return np.stack(out)
 
 
+@dataclass
+class _Job:
+    """One MATVEC and the tiles it consumes; its WLOAD is placed by the scheduler."""
+    index: int
+    row: int
+    tiles: int
+    fields: dict
+    earliest: int          # position in the program before which its tiles may not stream
+
+
 class _Emitter:
-    """Builds one step's program (see the module docstring for the order of things)."""
+    """Builds one step's program (see the module docstring for the order of things).
+
+    Instructions are collected with MATVECs as jobs; ``schedule`` then places every job's
+    WLOAD as early as its data allow and the weight FIFO holds (the ISA's rule: tiles streamed
+    and unclaimed never exceed core.weight_fifo_tiles), in MATVEC order."""
 
     def __init__(self, cm, tokens, pos0):
         self.cm, self.tokens, self.pos0 = cm, tokens, pos0
         self.T = len(tokens)
         self.out = []
+        self.jobs = []
+        self.kv_ready = 0          # K/V tiles may stream only after this position (their STOREs)
 
     def e(self, op, **f):
         self.out.append(encode(op, **f))
 
+    def schedule(self):
+        depth = self.cm.cfg.core.weight_fifo_tiles
+        out, avail, k = [], 0, 0
+        jobs = self.jobs
+
+        def stream(j):
+            out.append(encode("WLOAD", row=j.row, tiles=j.tiles))
+            return j.tiles
+
+        for idx, item in enumerate(self.out):
+            while k < len(jobs) and jobs[k].earliest <= idx and avail + jobs[k].tiles <= depth:
+                avail += stream(jobs[k])
+                k += 1
+            if isinstance(item, _Job):
+                if k == item.index:          # not streamed yet: everything before is claimed
+                    avail += stream(item)
+                    k += 1
+                out.append(encode("MATVEC", **item.fields))
+                avail -= item.tiles
+            else:
+                out.append(item)
+        assert k == len(jobs) and avail == 0
+        return out
+
     def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0):
         self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k)
 
-    def wload(self, m):
+    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=False, tokens=None):
+        """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
+        groups of row blocks, each at most half the weight FIFO (so that two fit)."""
         row, rb, cb = m
-        self.e("WLOAD", row=row, tiles=rb * cb)
-
-    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP):
-        _, rb, cb = m
-        self.e("MATVEC", xb=xb, dst=dst, rb=rb, cb=cb, group=min(group, 64 // self.T),
-               tokens=self.T, xstride=xstride if self.T > 1 else 0,
-               dstride=dstride if self.T > 1 else 0, bias=bias or 0, bias_en=int(bias is not None))
+        depth = self.cm.cfg.core.weight_fifo_tiles
+        T = self.T if tokens is None else tokens
+        group = min(group, 64 // T)
+        if kv:
+            chunks = [(0, rb)]
+        else:
+            per_group = group * cb
+            if per_group > depth:
+                raise UserError(f"model: one group of {group} row blocks of a {rb * self.cm.L} x "
+                                f"{cb * self.cm.W} matrix is {per_group} tiles, more than the weight "
+                                f"FIFO's {depth} (core.weight_fifo_tiles)")
+            per = max(1, (depth // 2) // per_group) * group
+            chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
+        L = self.cm.L
+        for r0, n in chunks:
+            if n * cb > depth:
+                raise UserError(f"model: {n * cb} tiles in one MATVEC exceed the weight FIFO's "
+                                f"{depth} (core.weight_fifo_tiles)")
+            f = dict(xb=xb, dst=dst + r0 * L, rb=n, cb=cb, group=group, tokens=T,
+                     xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
+                     bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None))
+            self.out.append(_Job(len(self.jobs), row + r0 * cb, n * cb, f,
+                                 self.kv_ready if kv else 0))
+            self.jobs.append(self.out[-1])
 
     def scalar(self, t, k):
         return self.cm.v_scal + (4 * t + k) * self.cm.P
@@ -354,15 +414,23 @@ class _Emitter:
             self.vec("ADD", x, x, d, src2=cm.v_y + t * dS)
         self.dump(0)
         po = cm._layer_offsets
+        head_row, head_rb, head_cb = cm.head
+        per = head_rb if cm.all_logits else cm.chunk // L      # LM head row blocks per VSP buffer
+        chunks = [(r0, min(per, head_rb - r0)) for r0 in range(0, head_rb, per)]
+        self.e("LOAD", vsp=cm.v_pars[0], n=cm._layer_len, row=cm.layers[0].params, f32=1)
         for li, lr in enumerate(cm.layers):
             par = cm.v_pars[li % 2]
             g1, b1, bqkv, bproj, g2, b2, bfc, bfc2 = (par + o for o in po)
-            self.e("LOAD", vsp=par, n=cm._layer_len, row=lr.params, f32=1)
-            self.wload(lr.qkv)
             for t in range(T):
                 self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g1, b1)
             self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
             self.matvec(lr.qkv, cm.x_a, dS, cm.v_qkv, qS, bias=bqkv)
+            # The next layer's parameters, into the other parameter area.
+            nxt = cm.v_pars[(li + 1) % 2]
+            if li + 1 < len(cm.layers):
+                self.e("LOAD", vsp=nxt, n=cm._layer_len, row=cm.layers[li + 1].params, f32=1)
+            else:
+                self.e("LOAD", vsp=nxt, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
             # New K rows and V columns into the caches.
             for t in range(T):
                 p = self.pos0 + t
@@ -377,12 +445,11 @@ class _Emitter:
             rbv, cbv = hdp // L, -(-(last + 1) // W)
             kmat = [(lr.k[h], rbk, cbk) for h in range(H)]
             vmat = [(lr.v[h], rbv, cbv) for h in range(H)]
-            self.wload(kmat[0])
+            self.kv_ready = len(self.out)      # the caches now hold this step's rows
             for h in range(H):
                 for t in range(T):
                     self.vec("CVT16", cm.x_q + t * hdp, cm.v_qkv + t * qS + h * hdp, hdp)
-                self.matvec(kmat[h], cm.x_q, hdp, cm.v_sc, nS, group=GROUP if cbk == 1 else 1)
-                self.wload(vmat[h])
+                self.matvec(kmat[h], cm.x_q, hdp, cm.v_sc, nS, group=GROUP if cbk == 1 else 1, kv=True)
                 ns = cbv * W
                 for t in range(T):
                     s = cm.v_sc + t * nS
@@ -396,17 +463,14 @@ class _Emitter:
                     self.vec("MUL", s, s, ns, src2=z, bcast=1)
                 self.vec("CVT16", cm.x_p, cm.v_sc, T * nS)
                 assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
-                self.matvec(vmat[h], cm.x_p, nS, cm.v_att + h * hdp, aS, group=rbv)
-                self.wload(kmat[h + 1] if h + 1 < H else lr.proj)
+                self.matvec(vmat[h], cm.x_p, nS, cm.v_att + h * hdp, aS, group=rbv, kv=True)
             self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
             self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj)
-            self.wload(lr.fc)
             self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
             for t in range(T):
                 self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g2, b2)
             self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
             self.matvec(lr.fc, cm.x_a, dS, cm.v_h, fS, bias=bfc)
-            self.wload(lr.fc2)
             self.vec("GELU", cm.v_h, cm.v_h, T * fS)
             self.vec("CVT16", cm.x_h, cm.v_h, T * fS)
             self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2)
@@ -414,12 +478,6 @@ class _Emitter:
             self.dump(li + 1)
         # Final LayerNorm and the LM head (the token embedding, tied).
         par = cm.v_pars[len(cm.layers) % 2]
-        self.e("LOAD", vsp=par, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
-        if cm.all_logits:
-            self.wload(cm.head)
-        else:
-            row, rb, cb = cm.head
-            self.e("WLOAD", row=row, tiles=min(cm.chunk // L, rb) * cb)
         for t in range(T):
             self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, par, par + _up(d, P))
         if cm.all_logits:
@@ -428,19 +486,13 @@ class _Emitter:
             self.store_f32(cm.v_logits, T * cm.vS, cm.logits_row)
         else:      # generation needs the last position's logits only
             self.vec("CVT16", cm.x_a, cm.v_a + (T - 1) * dS, dS)
-            row, rb, cb = cm.head
-            per = cm.chunk // L                    # row blocks per chunk (whole groups)
-            chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
             per_row = cm.S // 4
             for k, (r0, n) in enumerate(chunks):
                 buf = cm.v_logits[k % 2]
-                self.e("MATVEC", xb=cm.x_a, dst=buf, rb=n, cb=cb, group=GROUP, tokens=1)
-                if k + 1 < len(chunks):
-                    r1, n1 = chunks[k + 1]
-                    self.e("WLOAD", row=row + r1 * cb, tiles=n1 * cb)
+                self.matvec((head_row + r0 * head_cb, n, head_cb), cm.x_a, 0, buf, 0, tokens=1)
                 self.store_f32(buf, n * L, cm.logits_row + r0 * L // per_row)
         self.e("HALT")
-        return self.out
+        return self.schedule()
 
     def store_f32(self, vsp, n, row):
         per_row = self.cm.S // 4

@@ -81,7 +81,9 @@ FORMATS = (
         F("row", 24, "first stripe row (tile) read"),
         F("tiles", 24, "tiles to stream (>= 1)"),
     ), "Stream stripe rows [row, row + tiles) into the weight FIFO, one tile (lanes x width fp16) "
-       "per row, for the MATVECs that follow to consume in order."),
+       "per row, for the MATVECs that follow to consume in order. The tiles streamed and not yet "
+       "claimed by an issued MATVEC must fit in the FIFO (core.weight_fifo_tiles), so that every "
+       "WLOAD completes without waiting for a later instruction."),
     Format("MATVEC", 6, "mpu", (
         F("xb", 16, "XB word of token 0's input vector"),
         F("dst", 16, "VSP word of token 0's output"),
@@ -150,8 +152,8 @@ ERRORS = {
     8: ("WEIGHT_LEFTOVER", "HALT with streamed tiles that no MATVEC consumed"),
     9: ("AXI_ERROR", "an HBM access answered with an error response"),
     10: ("TIMEOUT", "no unit made progress for the watchdog's limit"),
-    11: ("DMA_ORDER", "a LOAD while streamed tiles still await their MATVEC (it could wait "
-                      "behind them forever)"),
+    11: ("WEIGHT_OVERFLOW", "a WLOAD would leave more streamed, unclaimed tiles than the "
+                            "weight FIFO holds (core.weight_fifo_tiles)"),
     12: ("ALIGN", "a vector operand not aligned to core.vector_lanes, or an XB operand not "
                   "aligned to core.width"),
     13: ("OVERLAP", "source and destination ranges of one instruction overlap (other than "

@@ -107,7 +107,9 @@ def error_cases(cfg):
         "underflow": ([encode("WLOAD", row=64, tiles=1), encode("MATVEC", rb=1, cb=2, group=1, tokens=1),
                        encode("HALT")], "WEIGHT_UNDERFLOW", 1),
         "leftover": ([ok, encode("WLOAD", row=64, tiles=3), st, encode("HALT")], "WEIGHT_LEFTOVER", 3),
-        "dma_order": ([encode("WLOAD", row=64, tiles=1), ok, encode("HALT")], "DMA_ORDER", 1),
+        "stream_overflow": ([encode("WLOAD", row=64, tiles=c.weight_fifo_tiles // 2),
+                             encode("WLOAD", row=64, tiles=c.weight_fifo_tiles // 2 + 1), encode("HALT")],
+                            "WEIGHT_OVERFLOW", 1),
         "align": ([encode("LOAD", vsp=1, n=4, row=0), encode("HALT")] if P > 1 else
                   [encode("WLOAD", row=64, tiles=1), encode("MATVEC", xb=1, rb=1, cb=1, group=1, tokens=1),
                    encode("HALT")], "ALIGN", 0 if P > 1 else 1),

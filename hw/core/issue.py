@@ -79,6 +79,7 @@ class Issue(wiring.Component):
         self.vsp_words, self.xb_words = c.vsp_words, c.xb_words
         self.rows = cfg.channel_rows
         self.red_max = cfg.reduce_max
+        self.fifo_depth = c.weight_fifo_tiles
         super().__init__({
             "insn": In(stream.Signature(FetchedInsn)),
             "exhausted": In(1), "start": In(1), "misaligned": In(1),
@@ -270,7 +271,8 @@ class Issue(wiring.Component):
         err = Signal(4)
         kind = dq.kind
         m.d.comb += err.eq(Mux(dq.err != 0, dq.err,
-                           Mux((kind == KIND["LOAD"]) & (avail != 0), E["DMA_ORDER"],
+                           Mux((kind == KIND["WLOAD"]) & (avail + dq.add > self.fifo_depth),
+                               E["WEIGHT_OVERFLOW"],
                            Mux((kind == KIND["MATVEC"]) & (dq.need > avail), E["WEIGHT_UNDERFLOW"],
                            Mux((kind == KIND["HALT"]) & (avail != 0), E["WEIGHT_LEFTOVER"], 0)))))
         unit = Signal(2)

@@ -125,7 +125,7 @@ class Mpu(wiring.Component):
         ar = acc.read_port(transparent_for=())
 
         # -- output FIFO: one entry per finished (row block, token): L words and a row ----
-        out_fifo = SyncFIFOBuffered(width=32 * L + self.vsp_row_bits, depth=64)
+        out_fifo = SyncFIFOBuffered(width=32 * L + self.vsp_row_bits + 1, depth=64)
         m.submodules.out_fifo = out_fifo
         finals_in_flight = Signal(range(128))
 
@@ -170,11 +170,13 @@ class Mpu(wiring.Component):
         m.d.comb += orow.eq((cmd.dst >> pshift) + ((t * cmd.dstride) >> pshift) + ((g0 + ri) * lpr))
 
         # -- metadata down the pipeline --------------------------------------------------------
-        meta = data.StructLayout({"valid": 1, "first": 1, "last": 1, "slot": 6,
+        meta = data.StructLayout({"valid": 1, "first": 1, "last": 1, "end": 1, "slot": 6,
                                   "row": self.vsp_row_bits, "bias_en": 1})
         s1 = Signal(meta)
+        final_step = ((t == cmd.tokens - 1) & (ri == gs - 1) & (c == cmd.cb - 1)
+                      & (g0 + gs >= cmd.rb))
         m.d.sync += [s1.valid.eq(step), s1.first.eq(first_c), s1.last.eq(last_c), s1.slot.eq(slot),
-                     s1.row.eq(orow), s1.bias_en.eq(cmd.bias_en)]
+                     s1.end.eq(final_step), s1.row.eq(orow), s1.bias_en.eq(cmd.bias_en)]
         with m.If(step):
             m.d.sync += finals_in_flight.eq(finals_in_flight + last_c)
 
@@ -218,7 +220,8 @@ class Mpu(wiring.Component):
         mA = delay(mX, ADD, "meta_a")
         result = Cat(*adders)
         m.d.comb += [aw.addr.eq(mA.slot), aw.data.eq(result), aw.en.eq(mA.valid & ~mA.last)]
-        m.d.comb += [out_fifo.w_en.eq(mA.valid & mA.last), out_fifo.w_data.eq(Cat(result, mA.row))]
+        m.d.comb += [out_fifo.w_en.eq(mA.valid & mA.last),
+                     out_fifo.w_data.eq(Cat(result, mA.row, mA.end))]
         with m.If(mA.valid & mA.last):
             m.d.sync += finals_in_flight.eq(finals_in_flight - 1 + (step & last_c))
 
@@ -226,6 +229,7 @@ class Mpu(wiring.Component):
         wsub = Signal(range(lpr + 1))
         entry = out_fifo.r_data
         wrow = entry[32 * L:32 * L + self.vsp_row_bits]
+        wend = entry[32 * L + self.vsp_row_bits]          # the last output of a MATVEC
         m.d.comb += [self.w_out.req.valid.eq(out_fifo.r_rdy),
                      self.w_out.req.payload.row.eq(wrow + wsub),
                      self.w_out.req.payload.mask.eq((1 << P) - 1)]
@@ -236,7 +240,7 @@ class Mpu(wiring.Component):
         with m.If(self.w_out.req.valid & self.w_out.req.ready):
             with m.If(wsub == lpr - 1):
                 m.d.sync += wsub.eq(0)
-                m.d.comb += out_fifo.r_en.eq(1)
+                m.d.comb += [out_fifo.r_en.eq(1), self.done.eq(wend)]
             with m.Else():
                 m.d.sync += wsub.eq(wsub + 1)
 
@@ -287,12 +291,13 @@ class Mpu(wiring.Component):
             with m.Else():
                 m.d.sync += t.eq(t + 1)
 
-        # The last step of a MATVEC ends a row; once it has reached the output FIFO, every
-        # step before it has left the pipeline too.
-        pipe_busy = Signal()
-        m.d.comb += pipe_busy.eq(finals_in_flight != 0)
-        idle_out = ~out_fifo.r_rdy & (wsub == 0)
-        m.d.comb += self.cmd.ready.eq(~active)
+        # Back to back: the next MATVEC is taken as soon as this one has issued its last step;
+        # the steps still in the pipeline carry everything they need (slot, row, bias), and
+        # each MATVEC's last output, marked `end`, signals its completion in order.
+        drain = (finals_in_flight != 0) | out_fifo.r_rdy | (wsub != 0)
+        m.d.comb += self.cmd.ready.eq(~active | (issued_all & ~step))
+        with m.If(active & issued_all):
+            m.d.sync += active.eq(0)
         with m.If(self.cmd.valid & self.cmd.ready):
             p = self.cmd.payload
             m.d.sync += [cmd.eq(p), active.eq(1), g0.eq(0), c.eq(0), ri.eq(0), t.eq(0),
@@ -300,9 +305,6 @@ class Mpu(wiring.Component):
                          ld_bank.eq(0), ld_next_g0.eq(0), ld_done_all.eq(0), ld_got.eq(0),
                          ld_rows.eq(0),
                          gs.eq(Mux(p.rb < p.group, p.rb, p.group))]
-        with m.If(active & issued_all & ~pipe_busy & idle_out & ~step):
-            m.d.sync += active.eq(0)
-            m.d.comb += self.done.eq(1)
-        m.d.comb += self.busy.eq(active)
+        m.d.comb += self.busy.eq(active | drain)
         return m
 

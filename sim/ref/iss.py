@@ -47,6 +47,7 @@ class Iss:
         self.xb = np.zeros(c.xb_words, np.uint16)
         self.fifo = []          # tiles streamed and not yet consumed: [L, W] uint16 each
         self.red_max = cfg.reduce_max
+        self.fifo_depth = c.weight_fifo_tiles
         self.counters = {name: 0 for name in regs.COUNTERS}
 
     # -- HBM stripes ------------------------------------------------------------------------
@@ -119,8 +120,6 @@ class Iss:
         nrows = -(-z * i.n // S)
         if i.row + nrows > self.rows:
             raise IssError("HBM_RANGE")
-        if self.fifo:
-            raise IssError("DMA_ORDER")
         raw = self.read_stripes(i.row, nrows)[:z * i.n]
         self.vsp[i.vsp:i.vsp + i.n] = raw.view(np.uint32) if i.f32 else A.fp16_to_fp32(raw.view(np.uint16))
         self.counters["hbm_rd_bytes"] += nrows * S
@@ -157,6 +156,8 @@ class Iss:
             raise IssError("BAD_FIELD")
         if i.row + i.tiles > self.rows:
             raise IssError("HBM_RANGE")
+        if len(self.fifo) + i.tiles > self.fifo_depth:
+            raise IssError("WEIGHT_OVERFLOW")
         data = self.read_stripes(i.row, i.tiles).view(np.uint16).reshape(i.tiles, self.L, self.W)
         self.fifo.extend(data)
         self.counters["hbm_rd_bytes"] += i.tiles * self.S

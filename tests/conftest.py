@@ -40,7 +40,7 @@ def seed(request):
 
 @pytest.fixture
 def emitted(cfg, tmp_path_factory):
-    """Emit the config's tops once per config; returns {top: Verilog path}."""
+    """Emit the HBM reader of the config; returns {top: Verilog path}."""
     from gen.emit import emit
     out = ROOT / "build" / "test-emit" / cfg.name
-    return emit(cfg, out)
+    return emit(cfg, out, tops=["hbm_reader"])

@@ -12,10 +12,16 @@ from host.cli import main
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("name", ["tiny", "u280x4"])
-def test_emit_and_lint_clean(name, tmp_path):
+# The DFX-class card takes half an hour to emit and lint on this machine: its full check is in
+# `make lint` and the soak; make test lints its HBM reader and the whole tiny card.
+CASES = [("tiny", None), ("u280x4", ["hbm_reader"]),
+         pytest.param("u280x4", None, marks=pytest.mark.soak)]
+
+
+@pytest.mark.parametrize("name,tops", CASES)
+def test_emit_and_lint_clean(name, tops, tmp_path):
     cfg = load_config(ROOT / "configs" / f"{name}.yaml")
-    written = emit(cfg, tmp_path)
+    written = emit(cfg, tmp_path, tops=tops)
     for top, path in written.items():
         text = path.read_text()
         assert f"module {top}(" in text
@@ -23,21 +29,23 @@ def test_emit_and_lint_clean(name, tmp_path):
     assert resolved["hbm"]["channels"] == cfg.hbm.channels
     assert resolved["derived"]["macs_per_cycle"] == cfg.macs_per_cycle
     report = (tmp_path / "report.md").read_text()
-    assert "hbm_peak_gbytes_per_s" in report and "| axi_araddr | out | 64 |" in report
-    results = lint(cfg, tmp_path / "lint")
+    assert "hbm_peak_gbytes_per_s" in report
+    if "hbm_reader" in written:
+        assert "| axi_araddr | out | 64 |" in report
+    results = lint(cfg, tmp_path / "lint", tops=tops)
     assert results and all(w == [] for w in results.values()), results
 
 
 def test_emit_is_stable(tmp_path):
     """Emitting twice writes identical files (so builds keyed on them are reused)."""
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
-    first = {p: p.read_text() for p in emit(cfg, tmp_path / "a").values()}
-    second = {p: p.read_text() for p in emit(cfg, tmp_path / "b").values()}
+    first = {p: p.read_text() for p in emit(cfg, tmp_path / "a", tops=["hbm_reader"]).values()}
+    second = {p: p.read_text() for p in emit(cfg, tmp_path / "b", tops=["hbm_reader"]).values()}
     assert list(first.values()) == list(second.values())
 
 
 def test_cli_emit(tmp_path, capsys):
-    rc = main(["emit", str(ROOT / "configs" / "tiny.yaml"), "-o", str(tmp_path)])
+    rc = main(["emit", str(ROOT / "configs" / "tiny.yaml"), "-o", str(tmp_path), "--top", "hbm_reader"])
     assert rc == 0
     assert (tmp_path / "hbm_reader.v").exists()
     rc = main(["emit", str(ROOT / "configs" / "tiny.yaml"), "-o", str(tmp_path), "--top", "nope"])

@@ -253,7 +253,10 @@ def fp16_to_fp32_comb(m, h, name):
     """fp16 bits -> fp32 bits, combinational (exact; canonical NaN)."""
     out = Signal(32, name=f"{name}_f32")
     s, e, f, z, inf, nan = unpack16(h)
-    sig, exp = _norm16(m, e, f, name)
+    _sig, exp = _norm16(m, e, f, name)
+    # The fraction below the leading one (which fp32 leaves implied).
+    lz = lzc(m, f, name=f"{name}_flz")
+    frac = Mux(e != 0, f, (f << (lz + 1))[0:10])
     with m.If(nan):
         m.d.comb += out.eq(F32_QNAN)
     with m.Elif(inf):
@@ -261,7 +264,7 @@ def fp16_to_fp32_comb(m, h, name):
     with m.Elif(z & (f == 0)):
         m.d.comb += out.eq(Cat(Const(0, 31), s))
     with m.Else():
-        m.d.comb += out.eq(Cat(Const(0, 13), sig[0:10], (exp + 127)[0:8], s))
+        m.d.comb += out.eq(Cat(Const(0, 13), frac, (exp + 127)[0:8], s))
     return out
 
 

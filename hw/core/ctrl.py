@@ -1,6 +1,6 @@
 """s_axi_control: the Vitis ap_ctrl_hs register block (hw/regs.py), AXI4-Lite, 32-bit."""
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -32,7 +32,7 @@ class Control(wiring.Component):
         for k in range(channels):
             members[f"hbm_ptr_{k}"] = Out(64)
         for name in regs.COUNTERS:
-            members[name] = In(64)
+            members[name] = In(32 if name == "status" else 64)
         super().__init__(members)
 
     def _regs(self):
@@ -67,8 +67,10 @@ class Control(wiring.Component):
             m.d.sync += bvalid.eq(1)
         with m.If(bvalid & a.bready):
             m.d.sync += bvalid.eq(0)
-        waddr = Cat(Const(0, 2), a.awaddr[2:regs.ADDR_BITS])
+        # Word registers: an address that is not word aligned matches none of them.
+        waddr = a.awaddr
         wdata = a.wdata
+        strb = a.wstrb
         m.d.comb += self.start.eq(0)
         with m.If(wr):
             with m.Switch(waddr):
@@ -84,7 +86,9 @@ class Control(wiring.Component):
                     m.d.sync += isr.eq(isr ^ wdata[0:2])     # toggle on write
                 for addr, sig, off in self._regs():
                     with m.Case(addr):
-                        m.d.sync += sig[off:off + 32].eq(wdata)
+                        for b in range(4):          # byte enables
+                            with m.If(strb[b]):
+                                m.d.sync += sig[off + 8 * b:off + 8 * b + 8].eq(wdata[8 * b:8 * b + 8])
         # ap_start is cleared once the kernel has taken it (ap_ready in the same cycle).
         with m.If(ap_start):
             m.d.sync += ap_start.eq(0)
@@ -95,7 +99,7 @@ class Control(wiring.Component):
         rvalid = Signal()
         rdata = Signal(32)
         m.d.comb += [a.rvalid.eq(rvalid), a.rdata.eq(rdata), a.rresp.eq(0), a.arready.eq(~rvalid)]
-        raddr = Cat(Const(0, 2), a.araddr[2:regs.ADDR_BITS])
+        raddr = a.araddr
         with m.If(a.arvalid & a.arready):
             m.d.sync += rvalid.eq(1)
             m.d.sync += rdata.eq(0)
@@ -116,8 +120,9 @@ class Control(wiring.Component):
                     sig = getattr(self, name)
                     with m.Case(addr):
                         m.d.sync += rdata.eq(sig[0:32])
-                    with m.Case(addr + 4):
-                        m.d.sync += rdata.eq(sig[32:64])
+                    if len(sig) > 32:
+                        with m.Case(addr + 4):
+                            m.d.sync += rdata.eq(sig[32:64])
         with m.If(rvalid & a.rready):
             m.d.sync += rvalid.eq(0)
         # A done pulse in the same cycle as a read of CTRL must not be lost.

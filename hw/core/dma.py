@@ -98,7 +98,9 @@ class DmaRead(wiring.Component):
         joined_valid = Cat(*[r.data.valid for r in self.readers]).all()
         stripe = Cat(*[r.data.payload.data for r in self.readers])
         last = self.readers[0].data.payload.last
-        berr = Cat(*[r.data.payload.err for r in self.readers]).any()
+        # All channels were given the same bursts: their `last` flags must agree.
+        lasts = Cat(*[r.data.payload.last for r in self.readers])
+        berr = Cat(*[r.data.payload.err for r in self.readers]).any() | (lasts.any() & ~lasts.all())
         take = Signal()
         for r in self.readers:
             m.d.comb += r.data.ready.eq(take)

@@ -170,7 +170,8 @@ class Vpu(wiring.Component):
         m.d.sync += [out_a.eq(issue_a), out_b.eq(issue_b), a_from_vsp.eq(a_vsp),
                      b_from_vsp.eq(b_mode == 1)]
         m.d.comb += [
-            fa.w_en.eq(out_a), fa.w_data.eq(Mux(a_from_vsp, self.r_a.rdata, s_ra.data)),
+            fa.w_en.eq(Mux(a_from_vsp, self.r_a.rvalid, out_a)),
+            fa.w_data.eq(Mux(a_from_vsp, self.r_a.rdata, s_ra.data)),
             fb.w_en.eq(out_b), fb.w_data.eq(Mux(b_from_vsp, self.r_b.rdata, s_rb.data)),
         ]
 

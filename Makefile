@@ -6,6 +6,7 @@
 #   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
 #   make soak             the long randomized runs (not part of make test)
 #   make synth            Yosys resource estimates (UltraScale+) of the arithmetic units
+#   make bench            performance figures (JSON in build/bench/, tables on stdout)
 
 CONFIG ?= configs/tiny.yaml
 NAME    = $(basename $(notdir $(CONFIG)))
@@ -14,7 +15,7 @@ PY      = $(VENV)/bin/python
 GPTFPGA = $(VENV)/bin/gptfpga
 PYTHON ?= python3
 
-.PHONY: setup test rtl sim lint soak synth clean
+.PHONY: setup test rtl sim lint soak synth bench clean
 
 setup: $(VENV)/.installed
 
@@ -43,6 +44,10 @@ soak: setup
 
 synth: setup
 	$(GPTFPGA) synth --arith
+
+bench: setup
+	$(GPTFPGA) bench core --config configs/tiny.yaml
+	$(GPTFPGA) bench core --config configs/medium.yaml
 
 clean:
 	rm -rf build sim_build

@@ -80,6 +80,41 @@ def cmd_synth(args):
     return 0
 
 
+def cmd_bench(args):
+    import json
+
+    from sim.bench import bench_core
+    cfg = load_config(args.config)
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    result = bench_core(cfg, positions=args.positions, log=log)
+    out = ROOT / "build" / "bench"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"core-{cfg.name}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(core_table([result]))
+        print(f"wrote {path}")
+    return 0
+
+
+def core_table(results):
+    rows = [("config", "name"), ("HBM utilization, GPT-2-small matvecs", "hbm_utilization_matvec"),
+            ("decode cycles per layer", "decode_cycles_per_layer"),
+            ("HBM utilization, decoder layer", "hbm_utilization_layer"),
+            ("simulated cycles per second", "sim_cycles_per_second"),
+            ("Verilator build seconds", "verilator_build_seconds")]
+    lines = ["| figure | " + " | ".join(r["config"] for r in results) + " |",
+             "|---|" + "---|" * len(results)]
+    for label, key in rows[1:]:
+        lines.append(f"| {label} | " + " | ".join(str(r[key]) for r in results) + " |")
+    for key in ("matrix_busy", "vector_busy", "dma_stall", "control_stall"):
+        lines.append(f"| layer: {key.replace('_', ' ')} cycles | "
+                     + " | ".join(str(r["layer"][key]) for r in results) + " |")
+    return "\n".join(lines)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -99,6 +134,13 @@ def build_parser():
     s.add_argument("--seed", type=int, help="seed for the randomized tests")
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     s.set_defaults(func=cmd_sim)
+    b = sub.add_parser("bench", help="performance of the card in Verilator (cycles from its counters)")
+    b.add_argument("what", choices=["core"], help="what to measure")
+    b.add_argument("--config", required=True, help="appliance config (YAML)")
+    b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=cmd_bench)
+
     sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
     sy.add_argument("--unit", action="append", help="only this unit (repeatable)")

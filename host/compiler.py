@@ -117,7 +117,8 @@ class CompiledModel:
         self.dS = _up(d, W)                   # token strides, whole XB blocks
         self.qS = _up(3 * self.dq, W)
         self.fS = _up(F, W)
-        self.nS = _up(_up(sh.n_positions, W), L)  # scores per token (padded)
+        # Scores per (token, head): the K MATVEC computes whole groups of row blocks.
+        self.nS = _up(sh.n_positions, max(W, L * GROUP))
         self.vS = _up(sh.vocab, L)
         self.all_logits = all_logits
         # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit).
@@ -194,7 +195,7 @@ class CompiledModel:
         self.lnf_row, _ = img.alloc(lnf.nbytes, lnf)
         self.head = self._matrix(w["wte.weight"])
         # The KV caches, one contiguous region (zeroed when a model is loaded).
-        kb = _up(sh.n_positions, L) // L * (hdp // W)
+        kb = _up(sh.n_positions, L * GROUP) // L * (hdp // W)
         vb = _up(sh.n_positions, W) // W * (hdp // L)
         kv0 = img.next_row
         for rows in self.layers:
@@ -233,14 +234,14 @@ class CompiledModel:
         self.v_y = v(T * self.dS)
         self.v_tmp = v(self.dS)
         self.v_qkv = v(T * self.qS)
-        self.v_sc = v(T * self.nS)
+        self.v_sc = v(T * sh.n_head * self.nS)
         self.v_att = v(T * _up(self.dq, self.W))
         self.v_h = v(T * self.fS)
         plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters.
         self.v_pars = (v(plen), v(plen))
-        self.v_scal = v(4 * T * self.P)
+        self.v_scal = v((4 + 2 * sh.n_head) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
         else:
@@ -251,8 +252,8 @@ class CompiledModel:
             self.v_logits = (v(self.chunk), v(self.chunk))
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
-        self.x_q = xb(T * self.hdp)
-        self.x_p = xb(T * self.nS)
+        self.x_q = xb(T * self.dq)
+        self.x_p = xb(T * sh.n_head * self.nS)
         self.x_att = xb(T * _up(self.dq, self.W))
         self.x_h = xb(T * self.fS)
 
@@ -378,7 +379,7 @@ class _Emitter:
             self.jobs.append(self.out[-1])
 
     def scalar(self, t, k):
-        return self.cm.v_scal + (4 * t + k) * self.cm.P
+        return self.cm.v_scal + ((4 + 2 * self.cm.sh.n_head) * t + k) * self.cm.P
 
     def layer_norm(self, t, src, dst, g, b):
         cm, d = self.cm, self.cm.sh.d_model
@@ -431,39 +432,54 @@ class _Emitter:
                 self.e("LOAD", vsp=nxt, n=cm._layer_len, row=cm.layers[li + 1].params, f32=1)
             else:
                 self.e("LOAD", vsp=nxt, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
-            # New K rows and V columns into the caches.
+            # New K rows and V columns into the caches. K tiles are in the MATVEC stream order
+            # with whole groups: tile (r, c) at (r // G) * G * cb + c * G + r % G.
+            cbk = hdp // W
             for t in range(T):
                 p = self.pos0 + t
+                r = p // L
                 for h in range(H):
                     k = cm.v_qkv + t * qS + dq + h * hdp
                     v = cm.v_qkv + t * qS + 2 * dq + h * hdp
-                    self.e("STORE", vsp=k, n=hdp, row=lr.k[h] + (p // L) * (hdp // W), off=(p % L) * 2 * W,
-                           lepg=W.bit_length() - 1, lgpr=0, gstride=0, rstride=1)
+                    self.e("STORE", vsp=k, n=hdp, row=lr.k[h] + (r // GROUP) * GROUP * cbk + r % GROUP,
+                           off=(p % L) * 2 * W, lepg=W.bit_length() - 1, lgpr=0, gstride=0,
+                           rstride=GROUP)
                     self.e("STORE", vsp=v, n=hdp, row=lr.v[h] + (p // W) * (hdp // L), off=2 * (p % W),
                            lepg=0, lgpr=L.bit_length() - 1, gstride=2 * W, rstride=1)
-            rbk, cbk = -(-(last + 1) // L), hdp // W
+            rbk = _up(-(-(last + 1) // L), GROUP)          # whole groups (rows past `last` masked)
             rbv, cbv = hdp // L, -(-(last + 1) // W)
             kmat = [(lr.k[h], rbk, cbk) for h in range(H)]
             vmat = [(lr.v[h], rbv, cbv) for h in range(H)]
             self.kv_ready = len(self.out)      # the caches now hold this step's rows
+            # Attention, heads side by side so that the units overlap: the matrix unit runs the
+            # q.K^T of every head back to back while the vector unit takes each head's scores
+            # as they come; exp and the fp16 conversions run once over all heads.
+            # Layouts: q16 [t][h][hdp], scores and probabilities [t][h][nS].
+            HN = H * nS
+            for t in range(T):
+                self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS, dq)
+            for h in range(H):
+                self.matvec(kmat[h], cm.x_q + h * hdp, dq, cm.v_sc + h * nS, HN, kv=True)
+            ns = cbv * W
             for h in range(H):
                 for t in range(T):
-                    self.vec("CVT16", cm.x_q + t * hdp, cm.v_qkv + t * qS + h * hdp, hdp)
-                self.matvec(kmat[h], cm.x_q, hdp, cm.v_sc, nS, group=GROUP if cbk == 1 else 1, kv=True)
-                ns = cbv * W
-                for t in range(T):
-                    s = cm.v_sc + t * nS
-                    m, z = self.scalar(t, 2), self.scalar(t, 3)
+                    s = cm.v_sc + t * HN + h * nS
+                    m = self.scalar(t, 4 + 2 * h)
                     self.vec("MASK", s, s, ns, k=self.pos0 + t)
                     self.vec("REDMAX", m, s, ns)
                     self.vec("SUB", s, s, ns, src2=m, bcast=1)
-                    self.vec("EXP", s, s, ns)
+            self.vec("EXP", cm.v_sc, cm.v_sc, T * HN)
+            for h in range(H):
+                for t in range(T):
+                    s = cm.v_sc + t * HN + h * nS
+                    z = self.scalar(t, 5 + 2 * h)
                     self.vec("REDSUM", z, s, ns)
                     self.vec("RECIP", z, z, 1)
                     self.vec("MUL", s, s, ns, src2=z, bcast=1)
-                self.vec("CVT16", cm.x_p, cm.v_sc, T * nS)
-                assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
-                self.matvec(vmat[h], cm.x_p, nS, cm.v_att + h * hdp, aS, group=rbv, kv=True)
+            self.vec("CVT16", cm.x_p, cm.v_sc, T * HN)
+            assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
+            for h in range(H):
+                self.matvec(vmat[h], cm.x_p + h * nS, HN, cm.v_att + h * hdp, aS, group=rbv, kv=True)
             self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
             self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj)
             self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)

@@ -1,7 +1,7 @@
 """A GPT-2 decoder layer compiled onto one card: ISS against float64, RTL against the ISS.
 
 One random-weight layer (d_model 128, 8 heads, vocabulary 256) on configs/tiny.yaml: a prefill
-of five tokens, then one decode step attending over the KV cache of six positions.
+of four tokens, then decode steps attending over the KV cache up to six positions.
 """
 
 import numpy as np
@@ -22,7 +22,7 @@ REL_TOL = 2e-3
 def _run(cfg, cm, dev):
     cm.load(dev)
     out = []
-    for toks, pos in ((TOKENS[:5], 0), (TOKENS[5:], 5)):
+    for toks, pos in ((TOKENS[:4], 0), (TOKENS[4:5], 4), (TOKENS[5:], 5)):
         c = dev.run(cm.step(toks, pos), cm.prog_addr, timeout_s=300)
         assert c["status"] & 0xFF == 0, f"status {c['status']:#x}"
         out.append((cm.read_hidden(dev, len(toks)), cm.read_logits(dev, len(toks))))
@@ -37,22 +37,23 @@ def layer(cfg_path):
     cfg = load_config(cfg_path)
     shape = Gpt2Shape(n_layer=1, n_head=8, d_model=128, vocab=256, n_positions=128)
     model = random_gpt2(shape, np.random.default_rng(2026))
-    cm = CompiledModel(cfg, model, dump_hidden=True, all_logits=True, max_tokens=5)
+    cm = CompiledModel(cfg, model, dump_hidden=True, all_logits=True, max_tokens=4)
     return cfg, model, cm, _run(cfg, cm, IssDevice(cfg))
 
 
 def test_iss_layer_against_float64(layer):
-    cfg, model, cm, ((h5, l5), (h1, l1), _kv) = layer
+    cfg, model, cm, ((h4, l4), (h1a, l1a), (h1, l1), _kv) = layer
     w16 = {k: (v.astype(np.float16).astype(np.float64) if v.ndim == 2 else v)
            for k, v in model.weights.items()}
     ref_h = G.hidden(w16, TOKENS, model.shape.n_head, model.shape.n_layer)
     ref_l = G.forward(w16, TOKENS, model.shape.n_head, model.shape.n_layer)
-    for name, got, ref in (("layer, prefill", h5[1], ref_h[1][:5]), ("layer, decode", h1[1], ref_h[1][5:]),
-                           ("logits, prefill", l5, ref_l[:5]), ("logits, decode", l1, ref_l[5:])):
+    for name, got, ref in (("layer, prefill", h4[1], ref_h[1][:4]), ("layer, decode", h1a[1], ref_h[1][4:5]),
+                           ("layer, decode 2", h1[1], ref_h[1][5:]),
+                           ("logits, prefill", l4, ref_l[:4]), ("logits, decode", l1, ref_l[5:])):
         err = np.abs(got - ref).max() / np.abs(ref).max()
         assert err < REL_TOL, f"{name}: relative error {err:.3g}"
     # The embedding sum is exact.
-    assert np.array_equal(h5[0], (w16["wte.weight"][TOKENS[:5]] + w16["wpe.weight"][:5]).astype(np.float32))
+    assert np.array_equal(h4[0], (w16["wte.weight"][TOKENS[:4]] + w16["wpe.weight"][:4]).astype(np.float32))
 
 
 @pytest.mark.rtl
@@ -60,10 +61,10 @@ def test_rtl_layer_bit_exact(layer):
     from sim.system import RtlDevice
     cfg, model, cm, iss_out = layer
     rtl_out = _run(cfg, cm, RtlDevice(cfg))
-    for (hi, li), (hr, lr) in zip(iss_out[:2], rtl_out[:2], strict=True):
+    for (hi, li), (hr, lr) in zip(iss_out[:3], rtl_out[:3], strict=True):
         assert np.array_equal(hi.view(np.uint32), hr.view(np.uint32)), "hidden states differ"
         assert np.array_equal(li.view(np.uint32), lr.view(np.uint32)), "logits differ"
-    assert np.array_equal(iss_out[2], rtl_out[2]), "KV caches differ"
+    assert np.array_equal(iss_out[3], rtl_out[3]), "KV caches differ"
 
 
 def test_iss_full_tiny_model_against_float64():

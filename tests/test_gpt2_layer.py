@@ -87,3 +87,31 @@ def test_iss_full_tiny_model_against_float64():
     ref = G.forward(w16, toks, 8, 4)[-1]
     got = cm.read_logits(dev, 1)[-1]
     assert np.abs(got - ref).max() / np.abs(ref).max() < REL_TOL
+
+
+@pytest.mark.soak
+def test_rtl_gpt2_small_layer_on_medium():
+    """A decoder layer at GPT-2 small's dimensions (d_model 768, 12 heads) on configs/medium.yaml:
+    a decode step over 9 cached positions, RTL against ISS bit for bit, ISS against float64."""
+    from gen.config import load_config
+    from sim.system import RtlDevice
+    cfg = load_config(__import__("pathlib").Path(__file__).parent.parent / "configs" / "medium.yaml")
+    shape = Gpt2Shape(n_layer=1, n_head=12, d_model=768, vocab=512, n_positions=64)
+    model = random_gpt2(shape, np.random.default_rng(11))
+    cm = CompiledModel(cfg, model, dump_hidden=True)
+    toks = [int(t) for t in np.random.default_rng(12).integers(0, 512, 10)]
+    outs = []
+    for dev in (IssDevice(cfg), RtlDevice(cfg)):
+        cm.load(dev)
+        for p in range(0, 9, cm.T):
+            dev.run(cm.step(toks[p:min(p + cm.T, 9)], p), cm.prog_addr, timeout_s=3600)
+        c = dev.run(cm.step(toks[9:10], 9), cm.prog_addr, timeout_s=3600)
+        assert c["status"] & 0xFF == 0
+        outs.append((cm.read_hidden(dev, 1), cm.read_logits(dev, 1)))
+    (hi, li), (hr, lr) = outs
+    assert np.array_equal(hi.view(np.uint32), hr.view(np.uint32))
+    assert np.array_equal(li.view(np.uint32), lr.view(np.uint32))
+    w16 = {k: (v.astype(np.float16).astype(np.float64) if v.ndim == 2 else v)
+           for k, v in model.weights.items()}
+    ref = G.hidden(w16, toks, 12, 1)[1][9]
+    assert np.abs(hi[1][0] - ref).max() / np.abs(ref).max() < REL_TOL

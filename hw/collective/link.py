@@ -1,0 +1,428 @@
+"""Reliable link layer on the AXI4-Stream ports between ring neighbours.
+
+Whatever the network below drops or corrupts, the layer delivers every payload once, in order,
+or reports the link dead.
+
+Frames. A data frame is 1..F payload beats followed by a trailer beat (``tlast``); a control
+frame (ACK or NAK) is a trailer alone. The trailer (the low 128 bits of the beat) holds kind,
+sequence number, acknowledgement, credit, payload length, a 32-bit tag for the user and the
+CRC-32 (Ethernet polynomial, amaranth.lib.crc) of the whole frame with the CRC field zero.
+
+Reliability (go-back-N). The sender keeps up to ``window`` frames until they are acknowledged.
+The receiver accepts only the frame it expects, with a good CRC, into a buffer of
+``rx_frames`` frames; it answers ACK(next expected, credit) as frames arrive and are consumed,
+and NAK(next expected) once when it sees a bad or out-of-order frame. The sender never sends
+past the receiver's credit (so buffers cannot overflow), goes back to the first unacknowledged
+frame on a NAK or when no acknowledgement has come for ``timeout`` cycles, and reports the
+link dead after ``retries`` timeouts in a row.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import crc, data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["Trailer", "KIND_DATA", "KIND_ACK", "KIND_NAK", "LinkTx", "LinkRx", "LinkPort",
+           "CRC", "Beat", "Payload"]
+
+KIND_DATA, KIND_ACK, KIND_NAK = 1, 2, 3
+SEQ_BITS = 16
+
+Trailer = data.StructLayout({
+    "kind": 2, "seq": SEQ_BITS, "ack": SEQ_BITS, "credit": SEQ_BITS, "len": 8, "pad": 6,
+    "tag": 32, "crc": 32,
+})   # 128 bits: the low part of a trailer beat
+
+
+def CRC(data_bits):
+    return crc.catalog.CRC32_ETHERNET(data_bits)
+
+
+def Beat(data_bits):
+    """A beat on the wire: data and last (tkeep is all ones)."""
+    return data.StructLayout({"data": data_bits, "last": 1})
+
+
+def Payload(data_bits):
+    """A payload beat between the link layer and its user: data, last of frame, frame tag."""
+    return data.StructLayout({"data": data_bits, "last": 1, "tag": 32})
+
+
+def _trailer_beat(data_bits, t):
+    return Cat(t.as_value(), Const(0, data_bits - 128))
+
+
+class LinkTx(wiring.Component):
+    """Sender of data frames (and of their retransmissions).
+
+    Members
+    -------
+    i : In(stream(Payload))  frames to send (``last`` ends a frame of at most ``frame_beats``)
+    o : Out(stream(Beat))  frames on the wire (to the port's arbiter)
+    ack_valid, ack_seq, ack_credit, nak_valid, nak_seq : In  decoded control frames
+    idle : Out(1)  every frame given has been acknowledged
+    error : Out(1)  sticky: the link is dead (``retries`` timeouts without progress)
+    retx : Out(1)  pulse per frame sent again
+    """
+
+    def __init__(self, *, data_bits, frame_beats, window, rx_frames, timeout, retries):
+        self.D, self.F, self.WIN = data_bits, frame_beats, window
+        self.rx_frames, self.timeout, self.retries = rx_frames, timeout, retries
+        super().__init__({
+            "i": In(stream.Signature(Payload(data_bits))),
+            "o": Out(stream.Signature(Beat(data_bits))),
+            "ack_valid": In(1), "ack_seq": In(SEQ_BITS), "ack_credit": In(SEQ_BITS),
+            "nak_valid": In(1), "nak_seq": In(SEQ_BITS),
+            "idle": Out(1), "error": Out(1), "retx": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D, F, WIN = self.D, self.F, self.WIN
+        wbits = (WIN - 1).bit_length()
+        slot_beats = F + 1
+        store = Memory(shape=D, depth=WIN * slot_beats, init=[])
+        m.submodules.store = store
+        sw = store.write_port()
+        sr = store.read_port(transparent_for=())
+        m.submodules.crc = cp = CRC(D).create()
+        lens = Memory(shape=8, depth=WIN, init=[])
+        m.submodules.lens = lens
+        lw = lens.write_port()
+        lr = lens.read_port(domain="comb")
+
+        base = Signal(SEQ_BITS)          # oldest unacknowledged
+        next_seq = Signal(SEQ_BITS)      # next to fill
+        send_seq = Signal(SEQ_BITS)      # next to send
+        limit = Signal(SEQ_BITS, init=self.rx_frames)   # receiver credit: send while seq < limit
+        m.d.comb += self.idle.eq(base == next_seq)
+
+        # -- fill: payload beats into the slot of next_seq, CRC alongside ---------------------
+        k = Signal(8)
+        tag = Signal(32)
+        fill_state = Signal(2)           # 0 payload, 1 trailer into CRC, 2 trailer into store
+        in_flight = (next_seq - base)[0:SEQ_BITS]
+        room = in_flight < WIN
+        slot_fill = next_seq[0:wbits] if wbits else Const(0, 1)
+        trailer = Signal(Trailer)
+        m.d.comb += [trailer.kind.eq(KIND_DATA), trailer.seq.eq(next_seq), trailer.len.eq(k),
+                     trailer.tag.eq(tag)]
+        with m.Switch(fill_state):
+            with m.Case(0):
+                m.d.comb += self.i.ready.eq(room)
+                with m.If(self.i.valid & self.i.ready):
+                    m.d.comb += [sw.en.eq(1), sw.addr.eq(slot_fill * slot_beats + k),
+                                 sw.data.eq(self.i.payload.data),
+                                 cp.valid.eq(1), cp.start.eq(k == 0), cp.data.eq(self.i.payload.data)]
+                    with m.If(k == 0):
+                        m.d.sync += tag.eq(self.i.payload.tag)
+                    m.d.sync += k.eq(k + 1)
+                    with m.If(self.i.payload.last):
+                        m.d.sync += fill_state.eq(1)
+            with m.Case(1):
+                m.d.comb += [cp.valid.eq(1), cp.data.eq(_trailer_beat(D, trailer))]
+                m.d.sync += fill_state.eq(2)
+            with m.Case(2):
+                t2 = Signal(Trailer)
+                m.d.comb += [t2.eq(trailer), t2.crc.eq(cp.crc)]
+                m.d.comb += [sw.en.eq(1), sw.addr.eq(slot_fill * slot_beats + F),
+                             sw.data.eq(_trailer_beat(D, t2)),
+                             lw.en.eq(1), lw.addr.eq(slot_fill), lw.data.eq(k)]
+                m.d.sync += [next_seq.eq(next_seq + 1), k.eq(0), fill_state.eq(0)]
+
+        # -- send: payload beats of send_seq's slot, then its trailer ---------------------
+        out_fifo = SyncFIFOBuffered(width=D + 1, depth=4)
+        m.submodules.out_fifo = out_fifo
+        m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.data.eq(out_fifo.r_data[0:D]),
+                     self.o.payload.last.eq(out_fifo.r_data[D]), out_fifo.r_en.eq(self.o.ready)]
+        sending = Signal()
+        b = Signal(8)                     # beat of the frame being read (F = the trailer)
+        slot_send = send_seq[0:wbits] if wbits else Const(0, 1)
+        m.d.comb += lr.addr.eq(slot_send)
+        flen = lr.data
+        rd_pending = Signal()
+        rd_last = Signal()
+        go_back = Signal()                # pending: restart at base after this frame
+        can_start = (send_seq != next_seq) & ((send_seq - limit)[0:SEQ_BITS].as_signed() < 0) & ~self.error
+        room_out = (out_fifo.level + rd_pending) < 3
+        with m.If(~sending):
+            with m.If(go_back):
+                m.d.sync += [send_seq.eq(base), go_back.eq(0)]
+            with m.Elif(can_start & room_out):
+                m.d.sync += [sending.eq(1), b.eq(0)]
+        read = sending & room_out
+        m.d.comb += [sr.en.eq(1), sr.addr.eq(slot_send * slot_beats + Mux(b == flen, F, b))]
+        m.d.sync += [rd_pending.eq(read), rd_last.eq(b == flen)]
+        with m.If(read):
+            with m.If(b == flen):
+                m.d.sync += [sending.eq(0), send_seq.eq(send_seq + 1)]
+            with m.Else():
+                m.d.sync += b.eq(b + 1)
+        m.d.comb += [out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(Cat(sr.data, rd_last))]
+
+        # -- acknowledgements, go-back, timeout -----------------------------------------------
+        timer = Signal(range(self.timeout + 1))
+        tries = Signal(range(self.retries + 2))
+        high_water = Signal(SEQ_BITS)     # highest seq sent so far + 1 (a resend is a retx)
+        with m.If(read & (b == flen)):
+            with m.If(((high_water - send_seq)[0:SEQ_BITS] == 0) | ((high_water - send_seq)[SEQ_BITS - 1])):
+                m.d.sync += high_water.eq(send_seq + 1)
+            with m.Else():
+                m.d.comb += self.retx.eq(1)
+        progress = Signal()
+        with m.If(self.ack_valid):
+            adv = (self.ack_seq - base)[0:SEQ_BITS]
+            with m.If((adv != 0) & (adv <= (next_seq - base)[0:SEQ_BITS])):
+                m.d.sync += base.eq(self.ack_seq)
+                m.d.comb += progress.eq(1)
+            m.d.sync += limit.eq(self.ack_credit)
+        with m.If(self.nak_valid):
+            adv = (self.nak_seq - base)[0:SEQ_BITS]
+            with m.If(adv <= (next_seq - base)[0:SEQ_BITS]):
+                m.d.sync += [base.eq(self.nak_seq), go_back.eq(1)]
+                with m.If(adv != 0):
+                    m.d.comb += progress.eq(1)
+        # The timer runs only while frames have been sent and not acknowledged (waiting for the
+        # receiver's credit is not a loss).
+        with m.If(progress | (base == send_seq)):
+            m.d.sync += [timer.eq(0)]
+            with m.If(progress):
+                m.d.sync += tries.eq(0)
+        with m.Elif(timer == self.timeout):
+            m.d.sync += [timer.eq(0), go_back.eq(1), tries.eq(tries + 1)]
+            with m.If(tries == self.retries):
+                m.d.sync += self.error.eq(1)
+        with m.Else():
+            m.d.sync += timer.eq(timer + 1)
+        return m
+
+
+class LinkRx(wiring.Component):
+    """Receiver of data frames: in order, CRC checked, delivered once.
+
+    Members
+    -------
+    i : In(stream(Beat))  data frames from the port
+    o : Out(stream(Payload))  payload beats in order
+    ctl_valid, ctl_kind, ctl_seq, ctl_credit : Out  the control frame to send (held until
+        ``ctl_ready``; ACKs are merged, a NAK is sent once per expected sequence number)
+    ctl_ready : In(1)
+    crc_error : Out(1) pulse
+    """
+
+    def __init__(self, *, data_bits, frame_beats, rx_frames):
+        self.D, self.F, self.R = data_bits, frame_beats, rx_frames
+        super().__init__({
+            "i": In(stream.Signature(Beat(data_bits))),
+            "o": Out(stream.Signature(Payload(data_bits))),
+            "ctl_valid": Out(1), "ctl_kind": Out(2), "ctl_seq": Out(SEQ_BITS),
+            "ctl_credit": Out(SEQ_BITS), "ctl_ready": In(1),
+            "crc_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D, F, R = self.D, self.F, self.R
+        rbits = (R - 1).bit_length()
+        buf = Memory(shape=D, depth=R * F, init=[])
+        m.submodules.buf = buf
+        bw = buf.write_port()
+        br = buf.read_port(transparent_for=())
+        meta = Memory(shape=40, depth=R, init=[])          # len, tag
+        m.submodules.meta = meta
+        mw = meta.write_port()
+        mr = meta.read_port(domain="comb")
+        m.submodules.crc = cp = CRC(D).create()
+
+        expected = Signal(SEQ_BITS)       # next sequence number to accept
+        delivered = Signal(SEQ_BITS)      # next to hand to the user
+        k = Signal(8)                     # payload beats of the frame so far
+        drop = Signal()                   # this frame is discarded (no room)
+        checking = Signal()
+        held = Signal(Trailer)
+        slot_in = expected[0:rbits] if rbits else Const(0, 1)
+        has_room = ((expected - delivered)[0:SEQ_BITS] < R)
+
+        # -- receive ---------------------------------------------------------------------------
+        m.d.comb += self.i.ready.eq(~checking)
+        with m.If(self.i.valid & self.i.ready):
+            beat = self.i.payload
+            with m.If(beat.last):
+                t = Signal(Trailer)
+                m.d.comb += t.eq(beat.data[0:128])
+                z = Signal(Trailer)
+                m.d.comb += [z.eq(t), z.crc.eq(0)]
+                m.d.comb += [cp.valid.eq(1), cp.start.eq(k == 0),
+                             cp.data.eq(Cat(z.as_value(), beat.data[128:D]))]
+                m.d.sync += [held.eq(t), checking.eq(1)]
+            with m.Else():
+                with m.If(k == 0):
+                    m.d.sync += drop.eq(~has_room)
+                m.d.comb += [cp.valid.eq(1), cp.start.eq(k == 0), cp.data.eq(beat.data)]
+                with m.If(~((k == 0) & ~has_room) & ~(drop & (k != 0)) & (k < F)):
+                    m.d.comb += [bw.en.eq(1), bw.addr.eq(slot_in * F + k), bw.data.eq(beat.data)]
+                m.d.sync += k.eq(k + 1)
+
+        nak_sent_for = Signal(SEQ_BITS + 1)    # bit 16: a NAK was sent for `expected`
+        want_ack = Signal()
+        want_nak = Signal()
+        with m.If(checking):
+            m.d.sync += [checking.eq(0), k.eq(0), drop.eq(0)]
+            good = ((cp.crc == held.crc) & (held.kind == KIND_DATA) & (held.len == k) & (k != 0)
+                    & (k <= F))
+            with m.If(~(cp.crc == held.crc)):
+                m.d.comb += self.crc_error.eq(1)
+            with m.If(good & (held.seq == expected) & ~drop):
+                m.d.comb += [mw.en.eq(1), mw.addr.eq(slot_in), mw.data.eq(Cat(held.len, held.tag))]
+                m.d.sync += [expected.eq(expected + 1), want_ack.eq(1)]
+            with m.Elif(good & _behind(held.seq, expected)):
+                m.d.sync += want_ack.eq(1)          # a duplicate: tell the sender where we are
+            with m.Elif(~drop):
+                m.d.sync += want_nak.eq(1)          # bad, or a gap: go back to expected
+
+        # -- deliver -----------------------------------------------------------------------------
+        out_fifo = SyncFIFOBuffered(width=D + 1 + 32, depth=4)
+        m.submodules.out_fifo = out_fifo
+        m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.data.eq(out_fifo.r_data[0:D]),
+                     self.o.payload.last.eq(out_fifo.r_data[D]),
+                     self.o.payload.tag.eq(out_fifo.r_data[D + 1:D + 33]),
+                     out_fifo.r_en.eq(self.o.ready)]
+        slot_out = delivered[0:rbits] if rbits else Const(0, 1)
+        m.d.comb += mr.addr.eq(slot_out)
+        dlen = mr.data[0:8]
+        dtag = mr.data[8:40]
+        d = Signal(8)
+        rd_pending = Signal()
+        rd_last = Signal()
+        rd_tag = Signal(32)
+        avail = delivered != expected
+        read = avail & ((out_fifo.level + rd_pending) < 3)
+        m.d.comb += [br.en.eq(1), br.addr.eq(slot_out * F + d)]
+        m.d.sync += [rd_pending.eq(read), rd_last.eq(d == dlen - 1), rd_tag.eq(dtag)]
+        with m.If(read):
+            with m.If(d == dlen - 1):
+                m.d.sync += [d.eq(0), delivered.eq(delivered + 1), want_ack.eq(1)]
+            with m.Else():
+                m.d.sync += d.eq(d + 1)
+        m.d.comb += [out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(Cat(br.data, rd_last, rd_tag))]
+
+        # -- control frames to send ---------------------------------------------------------------
+        nak_due = want_nak & ~(nak_sent_for[SEQ_BITS] & (nak_sent_for[0:SEQ_BITS] == expected))
+        m.d.comb += [self.ctl_valid.eq(want_ack | nak_due),
+                     self.ctl_kind.eq(Mux(nak_due, KIND_NAK, KIND_ACK)),
+                     self.ctl_seq.eq(expected), self.ctl_credit.eq(delivered + R)]
+        with m.If(self.ctl_valid & self.ctl_ready):
+            with m.If(nak_due):
+                m.d.sync += [want_nak.eq(0), nak_sent_for.eq(Cat(expected, Const(1, 1)))]
+            with m.Else():
+                m.d.sync += [want_ack.eq(0), want_nak.eq(0)]
+        with m.Elif(want_nak & ~nak_due):
+            m.d.sync += want_nak.eq(0)
+        return m
+
+
+def _behind(a, b):
+    """a is before b (sequence numbers, modulo)."""
+    diff = (b - a)[0:SEQ_BITS]
+    return (diff != 0) & ~diff[SEQ_BITS - 1]
+
+
+class LinkPort(wiring.Component):
+    """One link port: a sender and a receiver sharing the wire pair.
+
+    The transmit side sends data frames from the sender and control frames for the receiver
+    (whole frames, control first); the receive side passes data frames to the receiver and
+    decodes control frames (CRC checked) for the sender.
+
+    Members
+    -------
+    tx : Out(AXI4-Stream-like stream of Beat); rx : In(stream of Beat)
+    send : In(stream(Payload)) ; recv : Out(stream(Payload))
+    idle, error : Out(1); retx, crc_error, tx_beat, rx_beat : Out(1) pulses
+    """
+
+    def __init__(self, *, data_bits, frame_beats, window, rx_frames, timeout, retries):
+        self.D = data_bits
+        self.ltx = LinkTx(data_bits=data_bits, frame_beats=frame_beats, window=window,
+                          rx_frames=rx_frames, timeout=timeout, retries=retries)
+        self.lrx = LinkRx(data_bits=data_bits, frame_beats=frame_beats, rx_frames=rx_frames)
+        super().__init__({
+            "tx": Out(stream.Signature(Beat(data_bits))),
+            "rx": In(stream.Signature(Beat(data_bits))),
+            "send": In(stream.Signature(Payload(data_bits))),
+            "recv": Out(stream.Signature(Payload(data_bits))),
+            "idle": Out(1), "error": Out(1), "retx": Out(1), "crc_error": Out(1),
+            "tx_beat": Out(1), "rx_beat": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.D
+        m.submodules.ltx = ltx = self.ltx
+        m.submodules.lrx = lrx = self.lrx
+        wiring.connect(m, wiring.flipped(self.send), ltx.i)
+        wiring.connect(m, lrx.o, wiring.flipped(self.recv))
+        m.d.comb += [self.idle.eq(ltx.idle), self.error.eq(ltx.error), self.retx.eq(ltx.retx),
+                     self.crc_error.eq(lrx.crc_error)]
+
+        # -- transmit: control frames (one beat, CRC in a cycle) between data frames -------------
+        m.submodules.ccrc = ccrc = CRC(D).create()
+        in_data = Signal()                 # a data frame is being passed through
+        ctl_state = Signal(2)              # 0 idle, 1 CRC running, 2 frame ready
+        ctl = Signal(Trailer)
+        m.d.comb += [ctl.kind.eq(lrx.ctl_kind), ctl.seq.eq(0), ctl.ack.eq(lrx.ctl_seq),
+                     ctl.credit.eq(lrx.ctl_credit)]
+        ctl_held = Signal(Trailer)
+        with m.Switch(ctl_state):
+            with m.Case(0):
+                with m.If(lrx.ctl_valid):
+                    m.d.comb += [lrx.ctl_ready.eq(1), ccrc.valid.eq(1), ccrc.start.eq(1),
+                                 ccrc.data.eq(_trailer_beat(D, ctl))]
+                    m.d.sync += [ctl_held.eq(ctl), ctl_state.eq(1)]
+            with m.Case(1):
+                m.d.sync += [ctl_held.crc.eq(ccrc.crc), ctl_state.eq(2)]
+        send_ctl = (ctl_state == 2) & ~in_data
+        with m.If(send_ctl):
+            m.d.comb += [self.tx.valid.eq(1), self.tx.payload.data.eq(_trailer_beat(D, ctl_held)),
+                         self.tx.payload.last.eq(1)]
+            with m.If(self.tx.ready):
+                m.d.sync += ctl_state.eq(0)
+        with m.Else():
+            m.d.comb += [self.tx.valid.eq(ltx.o.valid), self.tx.payload.eq(ltx.o.payload),
+                         ltx.o.ready.eq(self.tx.ready)]
+            with m.If(ltx.o.valid & self.tx.ready):
+                m.d.sync += in_data.eq(~ltx.o.payload.last)
+        m.d.comb += self.tx_beat.eq(self.tx.valid & self.tx.ready)
+
+        # -- receive: a frame whose first beat is its last is a control frame -------------------
+        m.submodules.rcrc = rcrc = CRC(D).create()
+        first = Signal(init=1)
+        ctl_check = Signal()
+        rheld = Signal(Trailer)
+        beat = self.rx.payload
+        is_ctl = first & beat.last
+        m.d.comb += self.rx_beat.eq(self.rx.valid & self.rx.ready)
+        with m.If(is_ctl):
+            m.d.comb += self.rx.ready.eq(~ctl_check)
+            with m.If(self.rx.valid & ~ctl_check):
+                z = Signal(Trailer)
+                m.d.comb += [z.eq(beat.data[0:128]), z.crc.eq(0)]
+                m.d.comb += [rcrc.valid.eq(1), rcrc.start.eq(1),
+                             rcrc.data.eq(Cat(z.as_value(), beat.data[128:D]))]
+                m.d.sync += [rheld.eq(beat.data[0:128]), ctl_check.eq(1)]
+        with m.Else():
+            m.d.comb += [lrx.i.valid.eq(self.rx.valid), lrx.i.payload.eq(beat),
+                         self.rx.ready.eq(lrx.i.ready)]
+        with m.If(self.rx.valid & self.rx.ready):
+            m.d.sync += first.eq(beat.last)
+        with m.If(ctl_check):
+            m.d.sync += ctl_check.eq(0)
+            ok = rcrc.crc == rheld.crc
+            m.d.comb += [ltx.ack_valid.eq(ok & (rheld.kind == KIND_ACK)),
+                         ltx.nak_valid.eq(ok & (rheld.kind == KIND_NAK)),
+                         ltx.ack_seq.eq(rheld.ack), ltx.ack_credit.eq(rheld.credit),
+                         ltx.nak_seq.eq(rheld.ack)]
+            with m.If(~ok):
+                m.d.comb += self.crc_error.eq(1)
+        return m

@@ -1,0 +1,304 @@
+// N collective nodes (hw/collective/node.py) in a ring, joined by link models, as a shared
+// library driven from Python through ctypes (sim/fabric.py). No Python runs per clock.
+//
+// Link model, one per direction of each neighbour pair: a beat is accepted from the sender
+// while a byte bucket refilled at the line rate (bytes_per_cycle) holds a beat's worth; it
+// reaches the receiver `latency` cycles later, in order. Faults: each frame is dropped whole
+// with probability `drop` (1.0 is a dead link), and every bit of a beat flips with
+// probability `ber`. The network buffers whatever is in flight (the link layer's credits
+// bound it). Each node's memory is a byte array served by its engine's read ports (data the
+// next cycle) and write ports.
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "Vnode.h"
+#include "verilated.h"
+
+namespace {
+
+struct Port {
+    void* p = nullptr;
+    int bits = 0;
+    uint64_t get() const {
+        if (bits <= 8) return *static_cast<uint8_t*>(p);
+        if (bits <= 16) return *static_cast<uint16_t*>(p);
+        if (bits <= 32) return *static_cast<uint32_t*>(p);
+        if (bits <= 64) return *static_cast<uint64_t*>(p);
+        return static_cast<uint32_t*>(p)[0] | (static_cast<uint64_t>(static_cast<uint32_t*>(p)[1]) << 32);
+    }
+    void set(uint64_t v) const {
+        if (bits <= 8) *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v);
+        else if (bits <= 16) *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
+        else if (bits <= 32) *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
+        else if (bits <= 64) *static_cast<uint64_t*>(p) = v;
+        else {
+            auto* w = static_cast<uint32_t*>(p);
+            int words = (bits + 31) / 32;
+            for (int i = 0; i < words; i++) w[i] = 0;
+            w[0] = static_cast<uint32_t>(v);
+            w[1] = static_cast<uint32_t>(v >> 32);
+        }
+    }
+    void get_bytes(uint8_t* out, int n) const {
+        if (bits <= 64) { uint64_t v = get(); std::memcpy(out, &v, n); }
+        else std::memcpy(out, p, n);
+    }
+    void set_bytes(const uint8_t* in, int n) const {
+        if (bits <= 64) { uint64_t v = 0; std::memcpy(&v, in, n); set(v); }
+        else {
+            int words = (bits + 31) / 32;
+            std::memset(p, 0, words * 4);
+            std::memcpy(p, in, n);
+        }
+    }
+    bool bit(int i) const { return (static_cast<uint32_t*>(p)[i / 32] >> (i % 32)) & 1; }
+    void set_bit(int i, bool b) const {
+        auto* w = static_cast<uint32_t*>(p);
+        if (b) w[i / 32] |= 1u << (i % 32); else w[i / 32] &= ~(1u << (i % 32));
+    }
+};
+
+struct MemRd { Port en, addr, data; };
+struct MemWr { Port en, addr, data; };
+
+struct NodePorts {
+    Port r_tx_valid, r_tx_ready, r_tx_payload, r_rx_valid, r_rx_ready, r_rx_payload;
+    Port l_tx_valid, l_tx_ready, l_tx_payload, l_rx_valid, l_rx_ready, l_rx_payload;
+    Port start, busy, op, fp16, cards, card, bidir, chunk_log2, group, src, dst;
+    Port max_chunks_r, max_chunks_l, seg_we, seg_left, seg_addr, seg_data;
+    Port link_error, order_error, retx, crc_error, tx_beat_r, tx_beat_l, rx_beat_r, rx_beat_l;
+    MemRd rd[4];    // r.rd_src, r.rd_op, l.rd_src, l.rd_op
+    MemWr wr[2];    // r.wr, l.wr
+};
+
+#include "node_ports.h"   // generated: bind(Vnode*, NodePorts&) and DATA_BITS
+
+struct Beat { std::vector<uint8_t> data; bool last; uint64_t due; };
+
+struct Link {
+    std::deque<Beat> q;
+    double bucket = 0, bytes_per_cycle = 0;
+    int latency = 0;
+    double ber = 0, drop = 0;
+    bool dropping = false, at_frame_start = true;
+    uint64_t frames = 0, dropped = 0, flipped = 0;
+};
+
+struct Stats { uint64_t retx = 0, crc = 0, tx_r = 0, tx_l = 0, rx_r = 0, rx_l = 0; };
+
+struct Fabric {
+    std::unique_ptr<VerilatedContext> ctx;
+    std::vector<std::unique_ptr<Vnode>> nodes;
+    std::vector<NodePorts> ports;
+    std::vector<std::vector<uint8_t>> mem;
+    std::vector<Link> right, left;   // right[i]: i.R -> (i+1).L ; left[i]: (i+1).L -> i.R
+    std::vector<Stats> stats;
+    std::vector<std::array<std::vector<uint8_t>, 4>> rd_next;   // read data for next cycle
+    std::mt19937_64 rng;
+    uint64_t cycle = 0;
+    int beat_bytes = DATA_BITS / 8;
+
+    void inject(Link& L, const uint8_t* data, bool last) {
+        Beat b{std::vector<uint8_t>(data, data + beat_bytes), last, cycle + L.latency};
+        if (L.at_frame_start) {
+            L.frames++;
+            L.dropping = L.drop > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < L.drop;
+            if (L.dropping) L.dropped++;
+        }
+        L.at_frame_start = last;
+        if (L.dropping) return;
+        if (L.ber > 0) {
+            std::binomial_distribution<int> flips(DATA_BITS, L.ber);
+            int k = flips(rng);
+            for (int i = 0; i < k; i++) {
+                int bit = std::uniform_int_distribution<int>(0, DATA_BITS - 1)(rng);
+                b.data[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
+                L.flipped++;
+            }
+        }
+        L.q.push_back(std::move(b));
+    }
+
+    void step() {
+        size_t n = nodes.size();
+        // Inputs: link heads, bandwidth-limited readiness, memory read data.
+        for (size_t i = 0; i < n; i++) {
+            NodePorts& p = ports[i];
+            Link& in_l = right[(i + n - 1) % n];   // from i-1's R into my L
+            Link& in_r = left[i];                  // from i+1's L into my R
+            bool lv = !in_l.q.empty() && in_l.q.front().due <= cycle;
+            p.l_rx_valid.set(lv);
+            if (lv) {
+                std::vector<uint8_t> buf(in_l.q.front().data);
+                buf.resize(beat_bytes + 1);
+                buf[beat_bytes] = in_l.q.front().last;
+                p.l_rx_payload.set_bytes(buf.data(), beat_bytes + 1);
+            }
+            bool rv = !in_r.q.empty() && in_r.q.front().due <= cycle;
+            p.r_rx_valid.set(rv);
+            if (rv) {
+                std::vector<uint8_t> buf(in_r.q.front().data);
+                buf.resize(beat_bytes + 1);
+                buf[beat_bytes] = in_r.q.front().last;
+                p.r_rx_payload.set_bytes(buf.data(), beat_bytes + 1);
+            }
+            p.r_tx_ready.set(right[i].bucket >= beat_bytes);
+            p.l_tx_ready.set(left[(i + n - 1) % n].bucket >= beat_bytes);
+            for (int k = 0; k < 4; k++) p.rd[k].data.set_bytes(rd_next[i][k].data(), beat_bytes);
+        }
+        for (auto& t : nodes) t->eval();
+        // Handshakes and memory requests of this cycle.
+        std::vector<uint8_t> tmp(beat_bytes + 8);
+        for (size_t i = 0; i < n; i++) {
+            NodePorts& p = ports[i];
+            if (p.l_rx_valid.get() && p.l_rx_ready.get()) right[(i + n - 1) % n].q.pop_front();
+            if (p.r_rx_valid.get() && p.r_rx_ready.get()) left[i].q.pop_front();
+            if (p.r_tx_valid.get() && p.r_tx_ready.get()) {
+                p.r_tx_payload.get_bytes(tmp.data(), beat_bytes + 1);
+                right[i].bucket -= beat_bytes;
+                inject(right[i], tmp.data(), tmp[beat_bytes] & 1);
+            }
+            if (p.l_tx_valid.get() && p.l_tx_ready.get()) {
+                p.l_tx_payload.get_bytes(tmp.data(), beat_bytes + 1);
+                Link& L = left[(i + n - 1) % n];
+                L.bucket -= beat_bytes;
+                inject(L, tmp.data(), tmp[beat_bytes] & 1);
+            }
+            for (int k = 0; k < 4; k++) {
+                if (p.rd[k].en.get()) {
+                    uint64_t a = p.rd[k].addr.get() * static_cast<uint64_t>(beat_bytes);
+                    if (a + beat_bytes <= mem[i].size()) std::memcpy(rd_next[i][k].data(), &mem[i][a], beat_bytes);
+                    else std::memset(rd_next[i][k].data(), 0, beat_bytes);
+                }
+            }
+            for (int k = 0; k < 2; k++) {
+                if (p.wr[k].en.get()) {
+                    uint64_t a = p.wr[k].addr.get() * static_cast<uint64_t>(beat_bytes);
+                    if (a + beat_bytes <= mem[i].size()) p.wr[k].data.get_bytes(&mem[i][a], beat_bytes);
+                }
+            }
+            Stats& s = stats[i];
+            s.retx += p.retx.get(); s.crc += p.crc_error.get();
+            s.tx_r += p.tx_beat_r.get(); s.tx_l += p.tx_beat_l.get();
+            s.rx_r += p.rx_beat_r.get(); s.rx_l += p.rx_beat_l.get();
+        }
+        for (auto& t : nodes) { t->clk = 1; t->eval(); }
+        for (auto& t : nodes) { t->clk = 0; t->eval(); }
+        for (auto& L : right) L.bucket = std::min(L.bucket + L.bytes_per_cycle, 4.0 * beat_bytes);
+        for (auto& L : left) L.bucket = std::min(L.bucket + L.bytes_per_cycle, 4.0 * beat_bytes);
+        cycle++;
+    }
+};
+
+}  // namespace
+
+extern "C" {
+
+void* fab_new(int n, uint64_t mem_bytes, int latency, double bytes_per_cycle, double ber,
+              double drop, uint64_t seed) {
+    auto* f = new Fabric();
+    f->ctx = std::make_unique<VerilatedContext>();
+    f->rng.seed(seed);
+    f->ports.resize(n);
+    f->stats.resize(n);
+    f->rd_next.resize(n);
+    for (int i = 0; i < n; i++) {
+        f->nodes.push_back(std::make_unique<Vnode>(f->ctx.get()));
+        bind(f->nodes.back().get(), f->ports[i]);
+        f->mem.emplace_back(mem_bytes, 0);
+        for (int k = 0; k < 4; k++) f->rd_next[i][k].assign(f->beat_bytes, 0);
+    }
+    f->right.resize(n);
+    f->left.resize(n);
+    for (auto* links : {&f->right, &f->left})
+        for (auto& L : *links) { L.latency = latency; L.bytes_per_cycle = bytes_per_cycle; L.ber = ber; L.drop = drop; }
+    for (auto& t : f->nodes) { t->rst = 1; t->clk = 0; t->eval(); }
+    for (int k = 0; k < 4; k++) f->step();
+    for (auto& t : f->nodes) t->rst = 0;
+    f->step();
+    return f;
+}
+
+void fab_free(void* p) { delete static_cast<Fabric*>(p); }
+
+void fab_set_link(void* p, int i, int dir, double ber, double drop) {
+    auto* f = static_cast<Fabric*>(p);
+    Link& L = dir ? f->left.at(i) : f->right.at(i);
+    L.ber = ber;
+    L.drop = drop;
+}
+
+int fab_mem(void* p, int i, uint64_t off, uint8_t* data, uint64_t n, int write) {
+    auto* f = static_cast<Fabric*>(p);
+    auto& m = f->mem.at(i);
+    if (off + n > m.size()) return -1;
+    if (write) std::memcpy(&m[off], data, n); else std::memcpy(data, &m[off], n);
+    return 0;
+}
+
+void fab_config(void* p, int i, int op, int fp16, int cards, int card, int bidir, int chunk_log2,
+                int group, uint32_t src, uint32_t dst, uint32_t max_r, uint32_t max_l) {
+    NodePorts& q = static_cast<Fabric*>(p)->ports.at(i);
+    q.op.set(op); q.fp16.set(fp16); q.cards.set(cards); q.card.set(card); q.bidir.set(bidir);
+    q.chunk_log2.set(chunk_log2); q.group.set(group); q.src.set(src); q.dst.set(dst);
+    q.max_chunks_r.set(max_r); q.max_chunks_l.set(max_l);
+}
+
+// Write one segment-table entry on every node at once (one clock).
+void fab_seg(void* p, const int* left, const int* j, const uint32_t* src, const uint32_t* dst,
+             const uint32_t* beats) {
+    auto* f = static_cast<Fabric*>(p);
+    for (size_t i = 0; i < f->nodes.size(); i++) {
+        NodePorts& q = f->ports[i];
+        uint8_t entry[12];
+        std::memcpy(entry, &src[i], 4);
+        std::memcpy(entry + 4, &dst[i], 4);
+        std::memcpy(entry + 8, &beats[i], 4);
+        q.seg_we.set(1); q.seg_left.set(left[i]); q.seg_addr.set(j[i]);
+        q.seg_data.set_bytes(entry, 12);
+    }
+    f->step();
+    for (auto& q : f->ports) q.seg_we.set(0);
+}
+
+void fab_start(void* p) {
+    auto* f = static_cast<Fabric*>(p);
+    for (auto& q : f->ports) q.start.set(1);
+    f->step();
+    for (auto& q : f->ports) q.start.set(0);
+}
+
+// Clock until no node is busy: cycles run, -1 after max_cycles, -2 once a link is dead.
+int64_t fab_run(void* p, uint64_t max_cycles) {
+    auto* f = static_cast<Fabric*>(p);
+    for (uint64_t c = 0; c < max_cycles; c++) {
+        bool busy = false, dead = false;
+        for (auto& q : f->ports) {
+            busy |= q.busy.get() != 0;
+            dead |= q.link_error.get() != 0;
+        }
+        if (dead) return -2;
+        if (!busy) return static_cast<int64_t>(c);
+        f->step();
+    }
+    return -1;
+}
+
+// retx, crc errors, beats tx right/left, rx right/left, link error bits, order error
+void fab_stats(void* p, int i, uint64_t* out) {
+    auto* f = static_cast<Fabric*>(p);
+    Stats& s = f->stats.at(i);
+    NodePorts& q = f->ports.at(i);
+    out[0] = s.retx; out[1] = s.crc; out[2] = s.tx_r; out[3] = s.tx_l; out[4] = s.rx_r;
+    out[5] = s.rx_l; out[6] = q.link_error.get(); out[7] = q.order_error.get();
+}
+
+uint64_t fab_cycles(void* p) { return static_cast<Fabric*>(p)->cycle; }
+
+}  // extern "C"

@@ -1,0 +1,269 @@
+"""The N-card fabric in Verilator: collective nodes joined by link models (sim/cpp/fabric_sim.cpp).
+
+``run_collective`` runs one collective on random inputs, checks every card's result against
+the numpy reference bit for bit, and returns the figures nccl-tests reports.
+"""
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .ref import collective as ref
+from .toolchain import verilator_env, verilator_root
+
+__all__ = ["NodeParams", "node_params", "build_fabric", "Fabric", "run_collective", "OPS",
+           "LinkDead", "BUS_FACTOR"]
+
+ROOT = Path(__file__).resolve().parent.parent
+HARNESS = ROOT / "sim" / "cpp" / "fabric_sim.cpp"
+LINT_VLT = ROOT / "gen" / "lint.vlt"
+BUILD_ROOT = ROOT / "sim_build"
+OPS = {"allgather": 0, "reducescatter": 1, "allreduce": 2}
+
+
+class LinkDead(RuntimeError):
+    """A link's retries ran out: the collective stopped with an error."""
+
+
+def BUS_FACTOR(op, n):
+    """nccl-tests' bus bandwidth factor."""
+    return 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
+
+
+@dataclass(frozen=True)
+class NodeParams:
+    data_bits: int
+    frame_beats: int
+    group: int           # chunks in flight per round (K)
+    rx_frames: int       # receive buffer and send window, frames
+    timeout: int
+    retries: int
+
+
+def node_params(cfg):
+    """Link-layer sizes for a config: K chunks cover the link latency, buffers hold 2K frames."""
+    D = cfg.link.data_bits
+    if D < 128:
+        from gen.config import ConfigError
+        raise ConfigError(f"link.data_bits: got {D}; the collective engine needs at least 128")
+    F = max(1, cfg.link.chunk_bytes // (D // 8))
+    K = -(-(cfg.link.latency_cycles + F + 48) // F)
+    R = 1 << (2 * K - 1).bit_length()
+    timeout = 4 * cfg.link.latency_cycles + 2 * R * (F + 1) + 256
+    return NodeParams(D, F, K, R, timeout, 8)
+
+
+def _ports_header(ports, data_bits):
+    def ref_(name):
+        bits = ports[name]
+        expr = f"t->{name}.data()" if bits > 64 else f"&t->{name}"
+        return f"Port{{static_cast<void*>({expr}), {bits}}}"
+    names = ["r_tx_valid", "r_tx_ready", "r_tx_payload", "r_rx_valid", "r_rx_ready", "r_rx_payload",
+             "l_tx_valid", "l_tx_ready", "l_tx_payload", "l_rx_valid", "l_rx_ready", "l_rx_payload",
+             "start", "busy", "op", "fp16", "cards", "card", "bidir", "chunk_log2", "group", "src", "dst",
+             "max_chunks_r", "max_chunks_l", "seg_we", "seg_left", "seg_addr", "seg_data",
+             "link_error", "order_error", "retx", "crc_error", "tx_beat_r", "tx_beat_l", "rx_beat_r",
+             "rx_beat_l"]
+    lines = [f"#define DATA_BITS {data_bits}", "static void bind(Vnode* t, NodePorts& p) {"]
+    for n in names:
+        lines.append(f"    p.{n} = {ref_(n)};")
+    for k, (ch, port) in enumerate([("r", "rd_src"), ("r", "rd_op"), ("l", "rd_src"), ("l", "rd_op")]):
+        for sig in ("en", "addr", "data"):
+            lines.append(f"    p.rd[{k}].{sig} = {ref_(f'mem_{ch}_{port}_{sig}')};")
+    for k, ch in enumerate("rl"):
+        for sig in ("en", "addr", "data"):
+            lines.append(f"    p.wr[{k}].{sig} = {ref_(f'mem_{ch}_wr_{sig}')};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def build_fabric(params, *, log=None):
+    """Verilate the node for ``params`` with the fabric harness (cached)."""
+    from gen.emit import port_table
+    from gen.verilog import to_verilog
+    from hw.collective.node import CollNode
+    node = CollNode(data_bits=params.data_bits, frame_beats=params.frame_beats, window=params.rx_frames,
+                    rx_frames=params.rx_frames, timeout=params.timeout, retries=params.retries)
+    verilog = to_verilog(node, "node")
+    ports = {name: bits for name, _d, bits in port_table(node)}
+    header = _ports_header(ports, params.data_bits)
+    h = hashlib.sha256()
+    for part in (verilog, header, HARNESS.read_text(), LINT_VLT.read_text()):
+        h.update(part.encode())
+    import verilator
+    h.update(verilator.__version__.encode())
+    out = BUILD_ROOT / f"fabric-{h.hexdigest()[:16]}"
+    lib = out / "libfabric.so"
+    if lib.exists():
+        return lib
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "node.v").write_text(verilog)
+    (out / "node_ports.h").write_text(header)
+    cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
+           "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "node", "--prefix", "Vnode",
+           "-o", "libfabric.so", "-Mdir", str(out / "obj"),
+           "-CFLAGS", f"-fPIC -O1 -std=c++17 -I{out}", "-LDFLAGS", "-shared",
+           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", str(LINT_VLT), str(out / "node.v"), str(HARNESS)]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=verilator_env())
+    if proc.returncode != 0:
+        raise RuntimeError(f"Verilator build of the fabric failed:\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    (out / "obj" / "libfabric.so").rename(lib)
+    (out / "build.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1)}))
+    if log:
+        log(f"built {lib} in {time.monotonic() - t0:.0f} s")
+    return lib
+
+
+class Fabric:
+    """N nodes in a ring (see the module docstring)."""
+
+    def __init__(self, params, cards, *, mem_bytes, latency, bytes_per_cycle, ber=0.0, drop=0.0,
+                 seed=0, lib=None):
+        self.params, self.cards = params, cards
+        self._lib = L = ctypes.CDLL(str(lib or build_fabric(params)))
+        L.fab_new.restype = ctypes.c_void_p
+        L.fab_new.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_double,
+                              ctypes.c_double, ctypes.c_double, ctypes.c_uint64]
+        L.fab_free.argtypes = [ctypes.c_void_p]
+        L.fab_mem.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p,
+                              ctypes.c_uint64, ctypes.c_int]
+        L.fab_config.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 8 + [ctypes.c_uint32] * 4
+        L.fab_seg.argtypes = [ctypes.c_void_p] + [ctypes.c_void_p] * 5
+        L.fab_start.argtypes = [ctypes.c_void_p]
+        L.fab_run.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+        L.fab_run.restype = ctypes.c_int64
+        L.fab_stats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        L.fab_set_link.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+                                   ctypes.c_double]
+        self._f = L.fab_new(cards, mem_bytes, latency, bytes_per_cycle, ber, drop, seed)
+
+    def close(self):
+        if getattr(self, "_f", None):
+            self._lib.fab_free(self._f)
+            self._f = None
+
+    def __del__(self):
+        self.close()
+
+    def mem(self, node, offset, data=None, nbytes=None):
+        if data is not None:
+            buf = np.ascontiguousarray(np.asarray(data).view(np.uint8).reshape(-1))
+            assert self._lib.fab_mem(self._f, node, offset, buf.ctypes.data, len(buf), 1) == 0
+            return None
+        out = np.empty(nbytes, np.uint8)
+        assert self._lib.fab_mem(self._f, node, offset, out.ctypes.data, nbytes, 0) == 0
+        return out
+
+    def seg(self, left, j, src, dst, beats):
+        """Write segment-table entry j (the same on every node) for one ring direction."""
+        # The arrays must outlive the call: keep them in locals.
+        arrays = [np.full(self.cards, v, dt) for v, dt in
+                  ((left, np.int32), (j, np.int32), (src, np.uint32), (dst, np.uint32), (beats, np.uint32))]
+        self._lib.fab_seg(self._f, *(a.ctypes.data for a in arrays))
+        del arrays
+
+    def stats(self, node):
+        out = np.zeros(8, np.uint64)
+        self._lib.fab_stats(self._f, node, out.ctypes.data)
+        keys = ("retransmissions", "crc_errors", "tx_beats_r", "tx_beats_l", "rx_beats_r",
+                "rx_beats_l", "link_error", "order_error")
+        return {k: int(v) for k, v in zip(keys, out, strict=True)}
+
+
+def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional=False, ber=0.0,
+                   drop=0.0, seed=0, max_cycles=None, dead_link=None, lib=None, log=None):
+    """One collective on random inputs; returns (figures dict, inputs, outputs list).
+
+    Raises LinkDead when a link gives up (the figures are then attached to the exception).
+    """
+    if op not in OPS:
+        raise ValueError(f"op {op!r}")
+    N = cards or cfg.cards
+    p = node_params(cfg)
+    W = p.data_bits // 32
+    n = elements
+    nb = -(-n // W)
+    rng = np.random.default_rng(seed)
+    if dtype == "fp32":
+        vals = (rng.standard_normal((N, n)) * np.exp(rng.uniform(-2, 2, (N, n)))).astype(np.float32)
+        inputs = vals.view(np.uint32)
+    else:
+        inputs = (rng.standard_normal((N, n)).astype(np.float16).view(np.uint16)).astype(np.uint32)
+    src_beats = nb
+    dst_beats = N * nb if op == "allgather" else nb
+    beat_bytes = p.data_bits // 8
+    mem_bytes = (src_beats + dst_beats + 1) * beat_bytes
+    fab = Fabric(p, N, mem_bytes=mem_bytes, latency=cfg.link.latency_cycles,
+                 bytes_per_cycle=cfg.link_bytes_per_cycle, ber=ber, drop=drop, seed=seed, lib=lib)
+    if dead_link is not None:
+        fab._lib.fab_set_link(fab._f, dead_link, 0, 0.0, 1.0)
+    for i in range(N):
+        buf = np.zeros(nb * W, np.uint32)
+        buf[:n] = inputs[i]
+        fab.mem(i, 0, buf)
+    # Geometry: per direction, the segment table and the longest segment's chunks.
+    chunk_log2 = p.frame_beats.bit_length() - 1
+    parts = {d: (p0, pb) for p0, pb, d in ref.halves(nb, bidirectional)}
+    maxc = {}
+    for d, (p0, pb) in parts.items():
+        if op == "allgather":
+            table = [(p0, j * nb + p0, pb) for j in range(N)]
+        else:
+            table = [(p0 + s0, p0 + s0, sb) for s0, sb in ref.segments(pb, N)]
+        maxc[d] = max((-(-b // p.frame_beats) for _, _, b in table), default=0)
+        for j, (s, t, b) in enumerate(table):
+            fab.seg(int(d < 0), j, s, t, b)
+    for i in range(N):
+        fab._lib.fab_config(fab._f, i, OPS[op], int(dtype == "fp16"), N, i, int(bidirectional),
+                            chunk_log2, p.group, 0, src_beats, maxc.get(1, 0), maxc.get(-1, 0))
+    fab._lib.fab_start(fab._f)
+    if max_cycles is None:
+        per = (2 if op == "allreduce" else 1) * N * nb * beat_bytes / cfg.link_bytes_per_cycle
+        max_cycles = int(20 * per + 50 * p.timeout + 100_000)
+    t0 = time.monotonic()
+    cycles = fab._lib.fab_run(fab._f, max_cycles)
+    wall = time.monotonic() - t0
+    stats = [fab.stats(i) for i in range(N)]
+    esize = 2 if dtype == "fp16" else 4
+    size = (N if op == "allgather" else 1) * n * esize
+    fig = {"op": op, "cards": N, "elements": n, "dtype": dtype, "bidirectional": bidirectional,
+           "ber": ber, "drop": drop, "seed": seed, "cycles": int(cycles), "bytes": size,
+           "retransmissions": sum(s["retransmissions"] for s in stats),
+           "crc_errors": sum(s["crc_errors"] for s in stats), "sim_seconds": round(wall, 3)}
+    if cycles == -2 or cycles == -1:
+        fig["ok"] = False
+        fig["error"] = ("a link is dead: retries ran out" if cycles == -2
+                        else f"no completion within {max_cycles} cycles")
+        err = LinkDead(fig["error"])
+        err.figures = fig
+        raise err
+    outputs = []
+    for i in range(N):
+        raw = fab.mem(i, src_beats * beat_bytes, nbytes=dst_beats * beat_bytes).view(np.uint32)
+        if op == "reducescatter":
+            raw = np.concatenate([raw[(p0 + s0) * W:(p0 + s0 + sb) * W]
+                                  for p0, pb, _d in ref.halves(nb, bidirectional)
+                                  for j, (s0, sb) in enumerate(ref.segments(pb, N)) if j == i]
+                                 or [np.zeros(0, np.uint32)])
+        outputs.append(raw)
+    expect = ref.reference(op, inputs, W, dtype=dtype, bidirectional=bidirectional)
+    ok = all(np.array_equal(o, e) for o, e in zip(outputs, expect, strict=True))
+    ok = ok and not any(s["order_error"] for s in stats)
+    peak = cfg.link_bytes_per_cycle * (2 if bidirectional else 1)
+    algbw = size / max(cycles, 1)
+    busbw = algbw * BUS_FACTOR(op, N)
+    fig.update({"ok": bool(ok), "algbw_bytes_per_cycle": round(algbw, 3),
+                "busbw_bytes_per_cycle": round(busbw, 3),
+                "busbw_fraction_of_link_peak": round(busbw / peak, 4),
+                "link_peak_bytes_per_cycle": peak})
+    fab.close()
+    return fig, inputs, outputs, expect

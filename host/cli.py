@@ -115,6 +115,57 @@ def core_table(results):
     return "\n".join(lines)
 
 
+def cmd_collective(args):
+    import json
+
+    import numpy as np
+
+    from sim.fabric import LinkDead, run_collective
+    cfg = load_config(args.config)
+    if args.elements < 1:
+        raise UserError(f"--elements: got {args.elements}; allowed: at least 1")
+    cards = args.cards or cfg.cards
+    if not 2 <= cards <= 16:
+        raise UserError(f"--cards: got {cards}; allowed: 2..16")
+    for name in ("ber", "drop"):
+        v = getattr(args, name)
+        if not 0.0 <= v <= 1.0:
+            raise UserError(f"--{name}: got {v}; allowed: a probability in [0, 1]")
+    dead = 1.0 if args.drop >= 1.0 else None
+    try:
+        fig, inputs, outputs, _ = run_collective(
+            cfg, args.op, args.elements, cards=cards, dtype=args.dtype, bidirectional=args.bidirectional,
+            ber=args.ber, drop=0.0 if dead else args.drop, dead_link=0 if dead else None, seed=args.seed)
+    except LinkDead as e:
+        fig = e.figures
+        if args.json:
+            print(json.dumps(fig))
+        print(f"gptfpga: error: collective {args.op} on {cards} cards: {e} (link status: dead, "
+              f"{fig['retransmissions']} retransmissions)", file=sys.stderr)
+        return 1
+    if args.save:
+        width = max(len(o) for o in outputs)
+        out = np.full((cards, width), np.nan, np.float32)
+        for i, o in enumerate(outputs):
+            vals = o.astype(np.uint32)
+            if args.dtype == "fp16" and args.op == "allgather":
+                out[i, :len(o)] = vals.astype(np.uint16).view(np.float16)
+            else:
+                out[i, :len(o)] = vals.view(np.float32)
+        ins = inputs.astype(np.uint16).view(np.float16) if args.dtype == "fp16" else inputs.view(np.float32)
+        np.savez(args.save, inputs=ins, outputs=out,
+                 output_lengths=np.array([len(o) for o in outputs]))
+    if args.json:
+        print(json.dumps(fig))
+    else:
+        for k, v in fig.items():
+            print(f"{k}: {v}")
+    if not fig["ok"]:
+        print("gptfpga: error: collective result differs from the numpy reference", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -140,6 +191,20 @@ def build_parser():
     b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.set_defaults(func=cmd_bench)
+
+    co = sub.add_parser("collective", help="one ring collective on the simulated N-card fabric")
+    co.add_argument("--config", required=True, help="appliance config (YAML)")
+    co.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter"])
+    co.add_argument("--elements", type=int, required=True, help="length of each card's input vector")
+    co.add_argument("--cards", type=int, help="cards in the ring (default: the config's)")
+    co.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
+    co.add_argument("--bidirectional", action="store_true", help="both ring directions, half the data each")
+    co.add_argument("--ber", type=float, default=0.0, help="bit error rate injected on every link")
+    co.add_argument("--drop", type=float, default=0.0, help="frame drop rate (1.0: a dead link)")
+    co.add_argument("--seed", type=int, default=0)
+    co.add_argument("--json", action="store_true")
+    co.add_argument("--save", help="write inputs and outputs to this .npz")
+    co.set_defaults(func=cmd_collective)
 
     sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")

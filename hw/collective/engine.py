@@ -175,7 +175,10 @@ class RingChannel(wiring.Component):
         l_last = Signal()
         l_tag = Signal(32)
         local = active & ~tw.done & (t_round == 0)
-        can_read = local & t_exists & ((lf.level + l_pending) < 3)
+        # all-gather's copies of the card's own block queue here for the write port
+        ownf = SyncFIFOBuffered(width=32 + D, depth=8)
+        m.submodules.ownf = ownf
+        can_read = local & t_exists & ((lf.level + l_pending) < 3) & (ownf.level < 6)
         m.d.comb += [self.rd_src.en.eq(can_read),
                      self.rd_src.addr.eq(self.src + st.src + (t_chunk << cl) + tb)]
         frame_end = tb == t_beats - 1
@@ -201,7 +204,7 @@ class RingChannel(wiring.Component):
         # The link sender takes frames in schedule order: round 0 from the local FIFO, later
         # rounds from the forward FIFO (which the receiving walk fills in the same order).
         # (Round 0's frames still in the local FIFO go first.)
-        fwd_turn = active & ~tw.done & (t_round != 0) & t_exists & ~lf.r_rdy & ~l_pending
+        fwd_turn = active & ~tw.done & (t_round != 0) & t_exists & (lf.level == 0) & ~l_pending
         with m.If(fwd_turn):
             m.d.comb += [self.send.valid.eq(fw.r_rdy), self.send.payload.data.eq(fw.r_data[0:D]),
                          self.send.payload.last.eq(fw.r_data[D]),
@@ -268,17 +271,19 @@ class RingChannel(wiring.Component):
         result = Mux(meta.rs, Cat(*sums), raw)
         m.d.sync += in_flight.eq(in_flight + take - meta.v)
         m.d.comb += [fw.w_en.eq(meta.v & meta.fwd), fw.w_data.eq(Cat(result, meta.last, meta.tag))]
+        m.d.comb += [ownf.w_en.eq(own_wr), ownf.w_data.eq(Cat(own_addr, self.rd_src.data))]
         with m.If(meta.v & meta.wr):
             m.d.comb += [self.wr.en.eq(1), self.wr.addr.eq(meta.addr), self.wr.data.eq(result)]
-        with m.Elif(own_wr):
-            m.d.comb += [self.wr.en.eq(1), self.wr.addr.eq(own_addr), self.wr.data.eq(self.rd_src.data)]
+        with m.Elif(ownf.r_rdy):
+            m.d.comb += [self.wr.en.eq(1), self.wr.addr.eq(ownf.r_data[0:32]),
+                         self.wr.data.eq(ownf.r_data[32:32 + D]), ownf.r_en.eq(1)]
 
         # -- start and finish -----------------------------------------------------------------------
         m.d.comb += self.done.eq(~active)
         with m.If(self.start):
             m.d.sync += [active.eq(1), tb.eq(0), rb.eq(0), *tw.reset(), *rw.reset(),
                          self.order_error.eq(0)]
-        with m.Elif(active & tw.done & rw.done & ~lf.r_rdy & ~l_pending & ~fw.r_rdy
-                    & (in_flight == 0) & ~own_wr & self.link_idle):
+        with m.Elif(active & tw.done & rw.done & (lf.level == 0) & ~l_pending & (fw.level == 0)
+                    & (in_flight == 0) & ~own_wr & (ownf.level == 0) & self.link_idle):
             m.d.sync += active.eq(0)
         return m

@@ -139,7 +139,7 @@ class Card(wiring.Component):
                      xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
 
         # -- stop, watchdog, counters ------------------------------------------------------------
-        quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | wfifo.r_rdy | fetch.busy)
+        quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | (wfifo.level != 0) | fetch.busy)
         m.d.comb += issue.quiet.eq(quiet)
         m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err)
         progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe

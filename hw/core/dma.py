@@ -162,7 +162,7 @@ class DmaRead(wiring.Component):
                     m.d.comb += [kinds.r_en.eq(1), self.done.eq(1)]
             with m.Else():
                 m.d.sync += pos.eq(pos + 1)
-        m.d.comb += self.busy.eq(kinds.r_rdy | self.cmd.valid |
+        m.d.comb += self.busy.eq((kinds.level != 0) | self.cmd.valid |
                                  Cat(*[r.busy for r in self.readers]).any())
         return m
 
@@ -367,8 +367,8 @@ class DmaWrite(wiring.Component):
             p = self.cmd.payload
             m.d.sync += [cmd.eq(p), active.eq(1), rreq.eq(0), i.eq(0), lane.eq(0), e.eq(0),
                          k.eq(0), row.eq(p.row), byte.eq(p.off)]
-        finished = (active & (i == cmd.n) & ~rfifo.r_rdy & (in_conv == 0) & ~m1.v & ~m2.v & ~cur_v
-                    & ~flush & ~beats.r_rdy & (outstanding == 0) & (resp_now == 0) & ~inflight
+        finished = (active & (i == cmd.n) & (rfifo.level == 0) & (in_conv == 0) & ~m1.v & ~m2.v & ~cur_v
+                    & ~flush & (beats.level == 0) & (outstanding == 0) & (resp_now == 0) & ~inflight
                     & (rreq == rows_total))
         with m.If(finished):
             m.d.sync += active.eq(0)

@@ -81,7 +81,7 @@ class Fetch(wiring.Component):
         with m.If(self.out.valid & self.out.ready):
             m.d.sync += delivered.eq(delivered + 1)
 
-        m.d.comb += self.busy.eq(rd.busy | fifo.r_rdy)
+        m.d.comb += self.busy.eq(rd.busy | (fifo.level != 0))
         with m.If(self.start):
             m.d.sync += [active.eq(1), requested.eq(0), arrived.eq(0), delivered.eq(0)]
         return m

@@ -294,7 +294,7 @@ class Mpu(wiring.Component):
         # Back to back: the next MATVEC is taken as soon as this one has issued its last step;
         # the steps still in the pipeline carry everything they need (slot, row, bias), and
         # each MATVEC's last output, marked `end`, signals its completion in order.
-        drain = (finals_in_flight != 0) | out_fifo.r_rdy | (wsub != 0)
+        drain = (finals_in_flight != 0) | (out_fifo.level != 0) | (wsub != 0)
         m.d.comb += self.cmd.ready.eq(~active | (issued_all & ~step))
         with m.If(active & issued_all):
             m.d.sync += active.eq(0)

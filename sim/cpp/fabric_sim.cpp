@@ -81,8 +81,27 @@ struct NodePorts {
 
 struct Beat { std::vector<uint8_t> data; bool last; uint64_t due; };
 
+uint32_t crc32(const uint8_t* d, size_t n) {
+    static uint32_t table[256];
+    static bool init = false;
+    if (!init) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+            table[i] = c;
+        }
+        init = true;
+    }
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) c = table[(c ^ d[i]) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
 struct Link {
     std::deque<Beat> q;
+    std::vector<uint8_t> frame;    // the frame being sent, for the CRC self-check
+    uint64_t bad_frames = 0;       // frames whose CRC field is wrong as sent (a sender bug)
+    std::vector<std::vector<uint8_t>> bad_log;
     double bucket = 0, bytes_per_cycle = 0;
     int latency = 0;
     double ber = 0, drop = 0;
@@ -106,6 +125,23 @@ struct Fabric {
 
     void inject(Link& L, const uint8_t* data, bool last) {
         Beat b{std::vector<uint8_t>(data, data + beat_bytes), last, cycle + L.latency};
+        L.frame.insert(L.frame.end(), data, data + beat_bytes);
+        if (last) {
+            size_t t = L.frame.size() - beat_bytes;     // the trailer beat
+            uint32_t field;
+            std::memcpy(&field, &L.frame[t + 12], 4);
+            std::memset(&L.frame[t + 12], 0, 4);
+            if (crc32(L.frame.data(), L.frame.size()) != field) {
+                L.bad_frames++;
+                if (L.bad_log.size() < 8) {
+                    std::vector<uint8_t> rec(L.frame.begin() + t, L.frame.begin() + t + 16);
+                    rec.push_back(static_cast<uint8_t>(L.frame.size() / beat_bytes));
+                    std::memcpy(&rec[12], &field, 4);
+                    L.bad_log.push_back(rec);
+                }
+            }
+            L.frame.clear();
+        }
         if (L.at_frame_start) {
             L.frames++;
             L.dropping = L.drop > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < L.drop;
@@ -300,5 +336,18 @@ void fab_stats(void* p, int i, uint64_t* out) {
 }
 
 uint64_t fab_cycles(void* p) { return static_cast<Fabric*>(p)->cycle; }
+
+// Frames sent with a wrong CRC field, on right[i] (dir 0) or left[i] (dir 1): a sender bug.
+int fab_bad_log(void* p, int i, int k, uint8_t* out) {
+    auto& log = static_cast<Fabric*>(p)->right.at(i).bad_log;
+    if (k >= static_cast<int>(log.size())) return -1;
+    std::memcpy(out, log[k].data(), log[k].size());
+    return static_cast<int>(log[k].size());
+}
+
+uint64_t fab_bad_frames(void* p, int i, int dir) {
+    auto* f = static_cast<Fabric*>(p);
+    return (dir ? f->left.at(i) : f->right.at(i)).bad_frames;
+}
 
 }  // extern "C"

@@ -209,22 +209,24 @@ def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional
     for i in range(N):
         buf = np.zeros(nb * W, np.uint32)
         buf[:n] = inputs[i]
-        fab.mem(i, 0, buf)
+        # all-gather runs in place: the card's block at its place in the destination
+        fab.mem(i, (src_beats + i * nb) * (p.data_bits // 8) if op == "allgather" else 0, buf)
     # Geometry: per direction, the segment table and the longest segment's chunks.
     chunk_log2 = p.frame_beats.bit_length() - 1
     parts = {d: (p0, pb) for p0, pb, d in ref.halves(nb, bidirectional)}
     maxc = {}
     for d, (p0, pb) in parts.items():
         if op == "allgather":
-            table = [(p0, j * nb + p0, pb) for j in range(N)]
+            table = [(j * nb + p0, j * nb + p0, pb) for j in range(N)]
         else:
             table = [(p0 + s0, p0 + s0, sb) for s0, sb in ref.segments(pb, N)]
         maxc[d] = max((-(-b // p.frame_beats) for _, _, b in table), default=0)
         for j, (s, t, b) in enumerate(table):
             fab.seg(int(d < 0), j, s, t, b)
     for i in range(N):
+        src = src_beats if op == "allgather" else 0
         fab._lib.fab_config(fab._f, i, OPS[op], int(dtype == "fp16"), N, i, int(bidirectional),
-                            chunk_log2, p.group, 0, src_beats, maxc.get(1, 0), maxc.get(-1, 0))
+                            chunk_log2, p.group, src, src_beats, maxc.get(1, 0), maxc.get(-1, 0))
     fab._lib.fab_start(fab._f)
     if max_cycles is None:
         per = (2 if op == "allreduce" else 1) * N * nb * beat_bytes / cfg.link_bytes_per_cycle

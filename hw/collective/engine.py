@@ -9,7 +9,9 @@ into chunks of ``2^chunk_log2`` beats (one link frame each). Chunks are taken in
                      reduce-scatter rounds add the local operand (fp32, incoming first); then
                      forward it as round r's frame, or write it to the destination
 
-Every card walks the same order, so frames need no addressing: the k-th frame received is the
+All-gather works in place: each card's block already sits at its place in the destination,
+which is where round 0 reads it from. Every card walks the same order, so frames need no
+addressing: the k-th frame received is the
 k-th frame the upstream card sent. The schedule cannot deadlock (round r of a card needs only
 round r - 1 of its upstream neighbour, whose K frames fit in the receiver's 2K-frame buffer),
 and with K x chunk >= link latency + chunk the link never idles (round r + 1's frames arrive
@@ -167,7 +169,7 @@ class RingChannel(wiring.Component):
         t_beats = Mux(t_chunk == t_nchunks - 1, st.beats - (t_chunk << cl), Const(1, 32) << cl)
         tb = Signal(16)                 # beat within the current frame
         # round 0: local reads, one beat ahead into a FIFO; rounds >= 1: the forward FIFO
-        lf = SyncFIFOBuffered(width=D + 1 + 32, depth=4)
+        lf = SyncFIFOBuffered(width=D + 1 + 32, depth=8)
         m.submodules.lf = lf
         fw = SyncFIFOBuffered(width=D + 1 + 32, depth=32)
         m.submodules.fw = fw
@@ -175,10 +177,7 @@ class RingChannel(wiring.Component):
         l_last = Signal()
         l_tag = Signal(32)
         local = active & ~tw.done & (t_round == 0)
-        # all-gather's copies of the card's own block queue here for the write port
-        ownf = SyncFIFOBuffered(width=32 + D, depth=8)
-        m.submodules.ownf = ownf
-        can_read = local & t_exists & ((lf.level + l_pending) < 3) & (ownf.level < 6)
+        can_read = local & t_exists & ((lf.level + l_pending) < 6)
         m.d.comb += [self.rd_src.en.eq(can_read),
                      self.rd_src.addr.eq(self.src + st.src + (t_chunk << cl) + tb)]
         frame_end = tb == t_beats - 1
@@ -195,11 +194,6 @@ class RingChannel(wiring.Component):
         m.d.sync += [l_pending.eq(can_read), l_last.eq(frame_end), l_tag.eq(Cat(t_chunk[0:24], Const(0, 8)))]
         local_data = Mux(self.op == OP_AG, self.rd_src.data, self._to_f32(m, self.rd_src.data, "lc"))
         m.d.comb += [lf.w_en.eq(l_pending), lf.w_data.eq(Cat(local_data, l_last, l_tag))]
-        # All-gather: the card's own block also goes to its place in the destination.
-        own_wr = Signal()
-        own_addr = Signal(32)
-        m.d.sync += [own_wr.eq(can_read & (self.op == OP_AG)),
-                     own_addr.eq(self.dst + st.dst + (t_chunk << cl) + tb)]
 
         # The link sender takes frames in schedule order: round 0 from the local FIFO, later
         # rounds from the forward FIFO (which the receiving walk fills in the same order).
@@ -271,12 +265,8 @@ class RingChannel(wiring.Component):
         result = Mux(meta.rs, Cat(*sums), raw)
         m.d.sync += in_flight.eq(in_flight + take - meta.v)
         m.d.comb += [fw.w_en.eq(meta.v & meta.fwd), fw.w_data.eq(Cat(result, meta.last, meta.tag))]
-        m.d.comb += [ownf.w_en.eq(own_wr), ownf.w_data.eq(Cat(own_addr, self.rd_src.data))]
         with m.If(meta.v & meta.wr):
             m.d.comb += [self.wr.en.eq(1), self.wr.addr.eq(meta.addr), self.wr.data.eq(result)]
-        with m.Elif(ownf.r_rdy):
-            m.d.comb += [self.wr.en.eq(1), self.wr.addr.eq(ownf.r_data[0:32]),
-                         self.wr.data.eq(ownf.r_data[32:32 + D]), ownf.r_en.eq(1)]
 
         # -- start and finish -----------------------------------------------------------------------
         m.d.comb += self.done.eq(~active)
@@ -284,6 +274,6 @@ class RingChannel(wiring.Component):
             m.d.sync += [active.eq(1), tb.eq(0), rb.eq(0), *tw.reset(), *rw.reset(),
                          self.order_error.eq(0)]
         with m.Elif(active & tw.done & rw.done & (lf.level == 0) & ~l_pending & (fw.level == 0)
-                    & (in_flight == 0) & ~own_wr & (ownf.level == 0) & self.link_idle):
+                    & (in_flight == 0) & self.link_idle):
             m.d.sync += active.eq(0)
         return m

@@ -50,7 +50,7 @@ def Payload(data_bits):
 
 
 def _trailer_beat(data_bits, t):
-    return Cat(t.as_value(), Const(0, data_bits - 128))
+    return Cat(t.as_value() if hasattr(t, "as_value") else t, Const(0, data_bits - 128))
 
 
 class LinkTx(wiring.Component):
@@ -81,58 +81,73 @@ class LinkTx(wiring.Component):
         m = Module()
         D, F, WIN = self.D, self.F, self.WIN
         wbits = (WIN - 1).bit_length()
-        slot_beats = F + 1
+        slot_beats = F
         store = Memory(shape=D, depth=WIN * slot_beats, init=[])
         m.submodules.store = store
         sw = store.write_port()
         sr = store.read_port(transparent_for=())
-        m.submodules.crc = cp = CRC(D).create()
+        trailers = Memory(shape=128, depth=WIN, init=[])
+        m.submodules.trailers = trailers
+        tw_ = trailers.write_port()
+        tr_ = trailers.read_port(transparent_for=())
+        # Two CRC units, one per frame parity: a frame's trailer is finished while the next
+        # frame's payload already streams in, so the sender takes a beat every cycle.
+        m.submodules.crc0 = c0 = CRC(D).create()
+        m.submodules.crc1 = c1 = CRC(D).create()
         lens = Memory(shape=8, depth=WIN, init=[])
         m.submodules.lens = lens
         lw = lens.write_port()
         lr = lens.read_port(domain="comb")
 
         base = Signal(SEQ_BITS)          # oldest unacknowledged
-        next_seq = Signal(SEQ_BITS)      # next to fill
+        next_seq = Signal(SEQ_BITS)      # next to commit (trailer written)
+        fill_seq = Signal(SEQ_BITS)      # the frame being filled
         send_seq = Signal(SEQ_BITS)      # next to send
         limit = Signal(SEQ_BITS, init=self.rx_frames)   # receiver credit: send while seq < limit
-        m.d.comb += self.idle.eq(base == next_seq)
+        m.d.comb += self.idle.eq((base == next_seq) & (fill_seq == next_seq))
 
-        # -- fill: payload beats into the slot of next_seq, CRC alongside ---------------------
+        # -- fill: payload beats into the slot of fill_seq, CRC alongside ----------------------
         k = Signal(8)
         tag = Signal(32)
-        fill_state = Signal(2)           # 0 payload, 1 trailer into CRC, 2 trailer into store
-        in_flight = (next_seq - base)[0:SEQ_BITS]
-        room = in_flight < WIN
-        slot_fill = next_seq[0:wbits] if wbits else Const(0, 1)
-        trailer = Signal(Trailer)
-        m.d.comb += [trailer.kind.eq(KIND_DATA), trailer.seq.eq(next_seq), trailer.len.eq(k),
-                     trailer.tag.eq(tag)]
-        with m.Switch(fill_state):
-            with m.Case(0):
-                m.d.comb += self.i.ready.eq(room)
-                with m.If(self.i.valid & self.i.ready):
-                    m.d.comb += [sw.en.eq(1), sw.addr.eq(slot_fill * slot_beats + k),
-                                 sw.data.eq(self.i.payload.data),
-                                 cp.valid.eq(1), cp.start.eq(k == 0), cp.data.eq(self.i.payload.data)]
-                    with m.If(k == 0):
-                        m.d.sync += tag.eq(self.i.payload.tag)
-                    m.d.sync += k.eq(k + 1)
-                    with m.If(self.i.payload.last):
-                        m.d.sync += fill_state.eq(1)
-            with m.Case(1):
-                m.d.comb += [cp.valid.eq(1), cp.data.eq(_trailer_beat(D, trailer))]
-                m.d.sync += fill_state.eq(2)
-            with m.Case(2):
-                t2 = Signal(Trailer)
-                m.d.comb += [t2.eq(trailer), t2.crc.eq(cp.crc)]
-                m.d.comb += [sw.en.eq(1), sw.addr.eq(slot_fill * slot_beats + F),
-                             sw.data.eq(_trailer_beat(D, t2)),
-                             lw.en.eq(1), lw.addr.eq(slot_fill), lw.data.eq(k)]
-                m.d.sync += [next_seq.eq(next_seq + 1), k.eq(0), fill_state.eq(0)]
+        room = (fill_seq - base)[0:SEQ_BITS] < WIN
+        slot_fill = fill_seq[0:wbits] if wbits else Const(0, 1)
+        par = fill_seq[0]
+        m.d.comb += self.i.ready.eq(room)
+        # finishing pipeline: f1 feeds the trailer (CRC field 0) to its unit, f2 stores it
+        f1 = Signal(data.StructLayout({"v": 1, "t": Trailer, "par": 1}))
+        f2 = Signal(data.StructLayout({"v": 1, "t": Trailer, "par": 1}))
+        with m.If(self.i.valid & self.i.ready):
+            beat = self.i.payload
+            m.d.comb += [sw.en.eq(1), sw.addr.eq(slot_fill * slot_beats + k), sw.data.eq(beat.data)]
+            for unit, p in ((c0, 0), (c1, 1)):
+                with m.If(par == p):
+                    m.d.comb += [unit.valid.eq(1), unit.start.eq(k == 0), unit.data.eq(beat.data)]
+            ftag = Mux(k == 0, beat.tag, tag)
+            with m.If(k == 0):
+                m.d.sync += tag.eq(beat.tag)
+            with m.If(beat.last):
+                m.d.sync += [k.eq(0), fill_seq.eq(fill_seq + 1), f1.v.eq(1), f1.par.eq(par),
+                             f1.t.kind.eq(KIND_DATA), f1.t.seq.eq(fill_seq), f1.t.len.eq(k + 1),
+                             f1.t.tag.eq(ftag)]
+            with m.Else():
+                m.d.sync += [k.eq(k + 1), f1.v.eq(0)]
+        with m.Else():
+            m.d.sync += f1.v.eq(0)
+        with m.If(f1.v):
+            for unit, p in ((c0, 0), (c1, 1)):
+                with m.If(f1.par == p):
+                    m.d.comb += [unit.valid.eq(1), unit.data.eq(_trailer_beat(D, f1.t))]
+        m.d.sync += f2.eq(f1)
+        with m.If(f2.v):
+            t2 = Signal(Trailer)
+            m.d.comb += [t2.eq(f2.t), t2.crc.eq(Mux(f2.par, c1.crc, c0.crc))]
+            slot_f2 = f2.t.seq[0:wbits] if wbits else Const(0, 1)
+            m.d.comb += [tw_.en.eq(1), tw_.addr.eq(slot_f2), tw_.data.eq(t2.as_value()),
+                         lw.en.eq(1), lw.addr.eq(slot_f2), lw.data.eq(f2.t.len)]
+            m.d.sync += next_seq.eq(f2.t.seq + 1)
 
         # -- send: payload beats of send_seq's slot, then its trailer ---------------------
-        out_fifo = SyncFIFOBuffered(width=D + 1, depth=4)
+        out_fifo = SyncFIFOBuffered(width=D + 1, depth=8)
         m.submodules.out_fifo = out_fifo
         m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.data.eq(out_fifo.r_data[0:D]),
                      self.o.payload.last.eq(out_fifo.r_data[D]), out_fifo.r_en.eq(self.o.ready)]
@@ -145,21 +160,23 @@ class LinkTx(wiring.Component):
         rd_last = Signal()
         go_back = Signal()                # pending: restart at base after this frame
         can_start = (send_seq != next_seq) & ((send_seq - limit)[0:SEQ_BITS].as_signed() < 0) & ~self.error
-        room_out = (out_fifo.level + rd_pending) < 3
+        room_out = (out_fifo.level + rd_pending) < 6
         with m.If(~sending):
             with m.If(go_back):
                 m.d.sync += [send_seq.eq(base), go_back.eq(0)]
             with m.Elif(can_start & room_out):
                 m.d.sync += [sending.eq(1), b.eq(0)]
         read = sending & room_out
-        m.d.comb += [sr.en.eq(1), sr.addr.eq(slot_send * slot_beats + Mux(b == flen, F, b))]
+        m.d.comb += [sr.en.eq(1), sr.addr.eq(slot_send * slot_beats + b),
+                     tr_.en.eq(1), tr_.addr.eq(slot_send)]
         m.d.sync += [rd_pending.eq(read), rd_last.eq(b == flen)]
         with m.If(read):
             with m.If(b == flen):
                 m.d.sync += [sending.eq(0), send_seq.eq(send_seq + 1)]
             with m.Else():
                 m.d.sync += b.eq(b + 1)
-        m.d.comb += [out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(Cat(sr.data, rd_last))]
+        m.d.comb += [out_fifo.w_en.eq(rd_pending),
+                     out_fifo.w_data.eq(Cat(Mux(rd_last, _trailer_beat(D, tr_.data), sr.data), rd_last))]
 
         # -- acknowledgements, go-back, timeout -----------------------------------------------
         timer = Signal(range(self.timeout + 1))
@@ -233,56 +250,66 @@ class LinkRx(wiring.Component):
         m.submodules.meta = meta
         mw = meta.write_port()
         mr = meta.read_port(domain="comb")
-        m.submodules.crc = cp = CRC(D).create()
+        # Two CRC units, one per frame parity: a frame is checked in the cycle after its trailer
+        # while the next frame's first beat already comes in.
+        m.submodules.crc0 = c0 = CRC(D).create()
+        m.submodules.crc1 = c1 = CRC(D).create()
 
         expected = Signal(SEQ_BITS)       # next sequence number to accept
         delivered = Signal(SEQ_BITS)      # next to hand to the user
         k = Signal(8)                     # payload beats of the frame so far
         drop = Signal()                   # this frame is discarded (no room)
-        checking = Signal()
-        held = Signal(Trailer)
-        slot_in = expected[0:rbits] if rbits else Const(0, 1)
-        has_room = ((expected - delivered)[0:SEQ_BITS] < R)
+        par = Signal()                    # parity of the frame coming in
+        chk = Signal(data.StructLayout({"v": 1, "t": Trailer, "k": 9, "drop": 1, "par": 1}))
+        # The frame coming in is taken as `expected`, or as `expected + 1` while the frame before
+        # it is still being checked (if that one fails, this one will not match either).
+        wr_seq = expected + chk.v
+        slot_in = wr_seq[0:rbits] if rbits else Const(0, 1)
+        slot_chk = expected[0:rbits] if rbits else Const(0, 1)
+        has_room = ((wr_seq - delivered)[0:SEQ_BITS] < R)
 
         # -- receive ---------------------------------------------------------------------------
-        m.d.comb += self.i.ready.eq(~checking)
-        with m.If(self.i.valid & self.i.ready):
+        m.d.comb += self.i.ready.eq(1)
+        m.d.sync += chk.v.eq(0)
+        with m.If(self.i.valid):
             beat = self.i.payload
+            unit_data = Signal(D)
             with m.If(beat.last):
-                t = Signal(Trailer)
-                m.d.comb += t.eq(beat.data[0:128])
                 z = Signal(Trailer)
-                m.d.comb += [z.eq(t), z.crc.eq(0)]
-                m.d.comb += [cp.valid.eq(1), cp.start.eq(k == 0),
-                             cp.data.eq(Cat(z.as_value(), beat.data[128:D]))]
-                m.d.sync += [held.eq(t), checking.eq(1)]
+                m.d.comb += [z.eq(beat.data[0:128]), z.crc.eq(0),
+                             unit_data.eq(Cat(z.as_value(), beat.data[128:D]))]
+                m.d.sync += [chk.v.eq(1), chk.t.eq(beat.data[0:128]), chk.k.eq(k), chk.drop.eq(drop),
+                             chk.par.eq(par), k.eq(0), drop.eq(0), par.eq(~par)]
             with m.Else():
+                m.d.comb += unit_data.eq(beat.data)
                 with m.If(k == 0):
                     m.d.sync += drop.eq(~has_room)
-                m.d.comb += [cp.valid.eq(1), cp.start.eq(k == 0), cp.data.eq(beat.data)]
                 with m.If(~((k == 0) & ~has_room) & ~(drop & (k != 0)) & (k < F)):
                     m.d.comb += [bw.en.eq(1), bw.addr.eq(slot_in * F + k), bw.data.eq(beat.data)]
                 m.d.sync += k.eq(k + 1)
+            for unit, p in ((c0, 0), (c1, 1)):
+                with m.If(par == p):
+                    m.d.comb += [unit.valid.eq(1), unit.start.eq(k == 0), unit.data.eq(unit_data)]
 
         nak_sent_for = Signal(SEQ_BITS + 1)    # bit 16: a NAK was sent for `expected`
         want_ack = Signal()
         want_nak = Signal()
-        with m.If(checking):
-            m.d.sync += [checking.eq(0), k.eq(0), drop.eq(0)]
-            good = ((cp.crc == held.crc) & (held.kind == KIND_DATA) & (held.len == k) & (k != 0)
-                    & (k <= F))
-            with m.If(~(cp.crc == held.crc)):
+        with m.If(chk.v):
+            held = chk.t
+            crc_ok = Mux(chk.par, c1.crc, c0.crc) == held.crc
+            good = crc_ok & (held.kind == KIND_DATA) & (held.len == chk.k) & (chk.k != 0) & (chk.k <= F)
+            with m.If(~crc_ok):
                 m.d.comb += self.crc_error.eq(1)
-            with m.If(good & (held.seq == expected) & ~drop):
-                m.d.comb += [mw.en.eq(1), mw.addr.eq(slot_in), mw.data.eq(Cat(held.len, held.tag))]
+            with m.If(good & (held.seq == expected) & ~chk.drop):
+                m.d.comb += [mw.en.eq(1), mw.addr.eq(slot_chk), mw.data.eq(Cat(held.len, held.tag))]
                 m.d.sync += [expected.eq(expected + 1), want_ack.eq(1)]
             with m.Elif(good & _behind(held.seq, expected)):
                 m.d.sync += want_ack.eq(1)          # a duplicate: tell the sender where we are
-            with m.Elif(~drop):
+            with m.Elif(~chk.drop):
                 m.d.sync += want_nak.eq(1)          # bad, or a gap: go back to expected
 
         # -- deliver -----------------------------------------------------------------------------
-        out_fifo = SyncFIFOBuffered(width=D + 1 + 32, depth=4)
+        out_fifo = SyncFIFOBuffered(width=D + 1 + 32, depth=8)
         m.submodules.out_fifo = out_fifo
         m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.data.eq(out_fifo.r_data[0:D]),
                      self.o.payload.last.eq(out_fifo.r_data[D]),
@@ -297,7 +324,7 @@ class LinkRx(wiring.Component):
         rd_last = Signal()
         rd_tag = Signal(32)
         avail = delivered != expected
-        read = avail & ((out_fifo.level + rd_pending) < 3)
+        read = avail & ((out_fifo.level + rd_pending) < 6)
         m.d.comb += [br.en.eq(1), br.addr.eq(slot_out * F + d)]
         m.d.sync += [rd_pending.eq(read), rd_last.eq(d == dlen - 1), rd_tag.eq(dtag)]
         with m.If(read):

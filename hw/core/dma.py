@@ -211,10 +211,10 @@ class DmaWrite(wiring.Component):
         # -- read VSP rows into a FIFO ----------------------------------------------------
         rows_total = (cmd.n + (P - 1)) >> pshift
         rreq = Signal(16)
-        rfifo = SyncFIFOBuffered(width=32 * P, depth=4)
+        rfifo = SyncFIFOBuffered(width=32 * P, depth=8)
         m.submodules.rfifo = rfifo
         inflight = Signal()
-        m.d.comb += [self.r.req.valid.eq(active & (rreq < rows_total) & ((rfifo.level + inflight) < 3)),
+        m.d.comb += [self.r.req.valid.eq(active & (rreq < rows_total) & ((rfifo.level + inflight) < 6)),
                      self.r.req.payload.eq((cmd.vsp >> pshift) + rreq)]
         with m.If(self.r.req.valid & self.r.req.ready):
             m.d.sync += rreq.eq(rreq + 1)

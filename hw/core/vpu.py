@@ -116,8 +116,8 @@ class Vpu(wiring.Component):
         wi = Signal(16)
 
         # -- operand FIFOs ------------------------------------------------------------------
-        fa = SyncFIFOBuffered(width=32 * P, depth=4)
-        fb = SyncFIFOBuffered(width=32 * P, depth=4)
+        fa = SyncFIFOBuffered(width=32 * P, depth=8)
+        fb = SyncFIFOBuffered(width=32 * P, depth=8)
         m.submodules.fa = fa
         m.submodules.fb = fb
         out_a = Signal()            # a read in flight (data next cycle)
@@ -139,8 +139,8 @@ class Vpu(wiring.Component):
                        Mux(b_mode == 2, (i + b_off) < in_rows, 0))
 
         # -- read issue -------------------------------------------------------------------
-        can_a = running & (ri_a < out_rows) & ((fa.level + out_a) < 3)
-        can_b = running & (ri_b < out_rows) & ((fb.level + out_b) < 3)
+        can_a = running & (ri_a < out_rows) & ((fa.level + out_a) < 6)
+        can_b = running & (ri_b < out_rows) & ((fb.level + out_b) < 6)
         need_b_read = (b_mode == 1) | (b_mode == 2)
         issue_a = Signal()
         issue_b = Signal()

@@ -9,7 +9,8 @@ to i + 1) and the rest the left-hand ring (i sends to i - 1), each split into N 
 Orders (right-hand ring; the left-hand ring is the same with i - 1 and i + 1 swapped):
 - reduce-scatter: card i ends with segment i, summed in ring order starting at card i + 1:
   ((x[i+1] + x[i+2]) + ...) + x[i], in fp32 (fp16 inputs converted exactly first);
-- all-gather: card i's whole vector lands in every card's output block i;
+- all-gather: card i's whole vector lands in every card's output block i (in place: the card's
+  own block is already there);
 - all-reduce: reduce-scatter, then all-gather of the reduced segments: every card ends with
   the full reduced vector.
 """

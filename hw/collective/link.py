@@ -35,8 +35,47 @@ Trailer = data.StructLayout({
 })   # 128 bits: the low part of a trailer beat
 
 
+class _CRCProcessor(crc.Processor):
+    """amaranth.lib.crc's processor with each next-state bit as one balanced XOR reduction.
+
+    The library builds each bit as a left-deep chain of up to (32 + data bits) two-input XORs;
+    at 512 data bits that makes Amaranth's netlist pass quadratic in the chain length (minutes
+    per node) and the Verilog megabytes long. Same matrices, same ports, same behaviour.
+    """
+
+    def elaborate(self, platform):
+        m = Module()
+        crc_reg = Signal(self._crc_width, init=self._initial_crc.value)
+        data_in = Signal(self._data_width)
+        m.d.comb += data_in.eq(self.data[::-1] if self._reflect_input else self.data)
+        out = crc_reg[::-1] if self._reflect_output else crc_reg
+        m.d.comb += [self.crc.eq(out ^ self._xor_output), self.match_detected.eq(out == self._residue)]
+        source = Mux(self.start, self._initial_crc, crc_reg)
+        with m.If(self.valid):
+            for i in range(self._crc_width):
+                terms = ([source[j] for j in range(self._crc_width) if self._matrix_f[j][i]] +
+                         [data_in[j] for j in range(self._data_width) if self._matrix_g[j][i]])
+                m.d.sync += crc_reg[i].eq(Cat(*terms).xor() if terms else 0)
+        with m.Elif(self.start):
+            m.d.sync += crc_reg.eq(self._initial_crc)
+        return m
+
+
+class _CRC:
+    """CRC-32 (Ethernet) over ``data_bits``-bit words: ``.create()`` gives the processor."""
+
+    def __init__(self, data_bits):
+        self.parameters = crc.catalog.CRC32_ETHERNET(data_bits)
+
+    def create(self):
+        return _CRCProcessor(self.parameters)
+
+    def compute(self, data):
+        return self.parameters.compute(data)
+
+
 def CRC(data_bits):
-    return crc.catalog.CRC32_ETHERNET(data_bits)
+    return _CRC(data_bits)
 
 
 def Beat(data_bits):

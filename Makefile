@@ -6,7 +6,7 @@
 #   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
 #   make soak             the long randomized runs (not part of make test)
 #   make synth            Yosys resource estimates (UltraScale+) of the arithmetic units
-#   make bench            performance figures (JSON in build/bench/, tables on stdout)
+#   make bench            performance figures (JSON in build/bench/, tables on stdout, plot in docs/)
 
 CONFIG ?= configs/tiny.yaml
 NAME    = $(basename $(notdir $(CONFIG)))
@@ -48,6 +48,7 @@ synth: setup
 bench: setup
 	$(GPTFPGA) bench core --config configs/tiny.yaml
 	$(GPTFPGA) bench core --config configs/medium.yaml
+	$(GPTFPGA) bench collective --config configs/tiny.yaml
 
 clean:
 	rm -rf build sim_build

@@ -83,18 +83,26 @@ def cmd_synth(args):
 def cmd_bench(args):
     import json
 
-    from sim.bench import bench_core
+    from sim import bench
     cfg = load_config(args.config)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    result = bench_core(cfg, positions=args.positions, log=log)
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"core-{cfg.name}.json"
+    if args.what == "core":
+        result = bench.bench_core(cfg, positions=args.positions, log=log)
+        table = core_table([result])
+    else:
+        result = bench.bench_collective(cfg, log=log)
+        table = bench.collective_table(result)
+        png = Path(args.plot) if args.plot else ROOT / "docs" / f"collective-busbw-{cfg.name}.png"
+        bench.plot_collective(result, png)
+        log(f"wrote {png}")
+    path = out / f"{args.what}-{cfg.name}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result))
     else:
-        print(core_table([result]))
+        print(table)
         print(f"wrote {path}")
     return 0
 
@@ -186,10 +194,13 @@ def build_parser():
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     s.set_defaults(func=cmd_sim)
     b = sub.add_parser("bench", help="performance of the card in Verilator (cycles from its counters)")
-    b.add_argument("what", choices=["core"], help="what to measure")
+    b.add_argument("what", choices=["core", "collective"],
+                   help="core: one card's counters; collective: busbw against size on the ring")
     b.add_argument("--config", required=True, help="appliance config (YAML)")
     b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
     b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.add_argument("--plot",
+                   help="collective: where to write the PNG (default docs/collective-busbw-<config>.png)")
     b.set_defaults(func=cmd_bench)
 
     co = sub.add_parser("collective", help="one ring collective on the simulated N-card fabric")

@@ -12,7 +12,7 @@ import numpy as np
 
 from hw.isa import encode
 
-__all__ = ["bench_core"]
+__all__ = ["bench_core", "bench_collective", "plot_collective", "collective_table"]
 
 # GPT-2 small's matrices (out x in): c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
 GPT2_SMALL_MATVECS = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
@@ -117,3 +117,122 @@ def bench_core(cfg, *, positions=32, log=print):
     sim_wall += one["wall"] + two["wall"]
     result["sim_cycles_per_second"] = round(sim_cycles / sim_wall)
     return result
+
+
+# -- collectives ------------------------------------------------------------------------------
+SWEEP_BYTES = [64 << (2 * k) for k in range(10)]          # 64 B .. 16 MiB, powers of 4
+SWEEP_CARDS = (2, 4, 8)
+
+
+def _hops(op, n):
+    """Sequential ring steps of one collective: what a message's latency cannot go below."""
+    return 2 * (n - 1) if op == "allreduce" else n - 1
+
+
+def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print):
+    """busbw against message size (nccl-tests' definitions) on the simulated ring.
+
+    The sweep is all-reduce of fp32 vectors of ``size`` bytes per card, unidirectional and
+    bidirectional; all-gather (``size`` = the whole gathered vector, as nccl-tests counts it)
+    and reduce-scatter (``size`` = each card's input) run at 1 MiB and the largest size.
+    Small-message latency is compared with the floor of its hops: sequential ring steps x the
+    link model's latency.
+    """
+    from sim.fabric import build_fabric, node_params, run_collective
+    lib = build_fabric(node_params(cfg), log=log)
+    rows = []
+
+    def one(op, size, n, bidi):
+        per_card = size // n if op == "allgather" else size
+        elements = max(1, per_card // 4)
+        fig, *_ = run_collective(cfg, op, elements, cards=n, bidirectional=bidi, lib=lib)
+        if not fig["ok"]:
+            raise RuntimeError(f"{op} of {size} B on {n} cards: result differs from numpy")
+        fig["size"] = size
+        fig["hops"] = _hops(op, n)
+        fig["latency_floor_cycles"] = fig["hops"] * cfg.link.latency_cycles
+        rows.append(fig)
+        log(f"  {op:13s} {size:>9d} B  {n} cards  {'bi ' if bidi else 'uni'}  {fig['cycles']:>8d} cycles  "
+            f"busbw {fig['busbw_fraction_of_link_peak']:.3f} of peak")
+        return fig
+
+    for n in cards:
+        for bidi in (False, True):
+            for size in sizes:
+                one("allreduce", size, n, bidi)
+            for op in ("allgather", "reducescatter"):
+                for size in sorted({1 << 20, max(sizes)}):
+                    one(op, size, n, bidi)
+    big = [r for r in rows if r["size"] >= 1 << 20]
+    small = [r for r in rows if r["size"] == min(sizes) and r["op"] == "allreduce"]
+    return {
+        "config": cfg.name, "link_peak_bytes_per_cycle": cfg.link_bytes_per_cycle,
+        "link_latency_cycles": cfg.link.latency_cycles, "chunk_bytes": cfg.link.chunk_bytes,
+        "min_busbw_fraction_at_1MiB_or_more": min(r["busbw_fraction_of_link_peak"] for r in big),
+        "small_message": [{"cards": r["cards"], "bidirectional": r["bidirectional"], "bytes": r["size"],
+                           "cycles": r["cycles"], "floor_cycles": r["latency_floor_cycles"],
+                           "overhead_cycles_per_hop": round((r["cycles"] - r["latency_floor_cycles"])
+                                                            / r["hops"], 1)} for r in small],
+        "runs": rows,
+    }
+
+
+def plot_collective(result, path):
+    """busbw (fraction of link peak) against message size, one line per ring."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
+    runs = [r for r in result["runs"] if r["op"] == "allreduce"]
+    for n in sorted({r["cards"] for r in runs}):
+        for bidi in (False, True):
+            pts = sorted((r["size"], r["busbw_fraction_of_link_peak"]) for r in runs
+                         if r["cards"] == n and r["bidirectional"] == bidi)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3,
+                    ls="--" if bidi else "-",
+                    label=f"{n} cards, {'bidirectional' if bidi else 'unidirectional'}")
+    ax.axhline(0.9, color="grey", lw=0.8, ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size per card (bytes)")
+    ax.set_ylabel("busbw / link peak")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(f"all-reduce on the simulated ring ({result['config']}: "
+                 f"{result['link_peak_bytes_per_cycle']:g} B/cycle per link, "
+                 f"{result['link_latency_cycles']}-cycle links)", fontsize=9)
+    ax.grid(True, which="both", lw=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def collective_table(result):
+    runs = result["runs"]
+    keys = sorted({(r["cards"], r["bidirectional"]) for r in runs})
+    sizes = sorted({r["size"] for r in runs if r["op"] == "allreduce"})
+    cols = " | ".join(f"{n} cards {'bi' if b else 'uni'}" for n, b in keys)
+    head = f"| op, size (busbw / link peak) | {cols} |"
+    lines = [head, "|---|" + "---|" * len(keys)]
+    for op in ("allreduce", "allgather", "reducescatter"):
+        for s in sizes if op == "allreduce" else sorted({r["size"] for r in runs if r["op"] == op}):
+            cells = []
+            for n, b in keys:
+                r = [x for x in runs if x["op"] == op and x["size"] == s and x["cards"] == n
+                     and x["bidirectional"] == b]
+                cells.append(f"{r[0]['busbw_fraction_of_link_peak']:.3f}" if r else "")
+            label = f"{op} {_size(s)}"
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("| small message (all-reduce) | cycles | floor (hops x link latency) | overhead per hop |")
+    lines.append("|---|---|---|---|")
+    for r in result["small_message"]:
+        lines.append(f"| {r['bytes']} B, {r['cards']} cards {'bi' if r['bidirectional'] else 'uni'} | "
+                     f"{r['cycles']} | {r['floor_cycles']} | {r['overhead_cycles_per_hop']} |")
+    return "\n".join(lines)
+
+
+def _size(b):
+    for unit, k in (("MiB", 20), ("KiB", 10)):
+        if b >= 1 << k:
+            return f"{b >> k} {unit}"
+    return f"{b} B"

@@ -113,3 +113,28 @@ def test_cli(fabric_lib, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "host.cli", "collective", "--config", str(CFG), "--op",
                           "allgather", "--elements", "0"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "--elements: got 0" in bad.stderr
+
+
+@pytest.mark.rtl
+def test_bench_sweep_and_plot(fabric_lib, tmp_path):
+    """The bench's sweep on a small grid: figures consistent, latency never below its floor."""
+    from sim import bench
+    cfg = load_config(CFG)
+    res = bench.bench_collective(cfg, sizes=[64, 1 << 16], cards=(3,), log=lambda m: None)
+    runs = res["runs"]
+    assert {r["op"] for r in runs} == {"allreduce", "allgather", "reducescatter"}
+    assert all(r["ok"] for r in runs)
+    for r in runs:
+        assert r["cycles"] >= r["latency_floor_cycles"] == r["hops"] * cfg.link.latency_cycles
+        assert 0 < r["busbw_fraction_of_link_peak"] <= 1.0
+    ar = {(r["size"], r["bidirectional"]): r for r in runs if r["op"] == "allreduce"}
+    assert ar[(64, False)]["hops"] == 4
+    frac = {k: r["busbw_fraction_of_link_peak"] for k, r in ar.items()}
+    assert frac[(1 << 16, False)] > 10 * frac[(64, False)]
+    assert res["min_busbw_fraction_at_1MiB_or_more"] == min(
+        r["busbw_fraction_of_link_peak"] for r in runs if r["size"] >= 1 << 20)
+    table = bench.collective_table(res)
+    assert "allreduce 64 KiB" in table and "reducescatter 1 MiB" in table
+    png = tmp_path / "busbw.png"
+    bench.plot_collective(res, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -349,9 +349,15 @@ class _Emitter:
     def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0):
         self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k)
 
-    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=False, tokens=None):
+    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=False, tokens=None,
+               then=None):
         """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
-        groups of row blocks, each at most half the weight FIFO (so that two fit)."""
+        groups of row blocks, each at most half the weight FIFO (so that two fit).
+
+        ``then(t, row0, rows)`` emits the vector work on a finished chunk of the output (token
+        t's rows row0 .. row0 + rows). Each chunk's work goes after the *next* chunk's MATVEC:
+        in-order issue then waits for chunk k while chunk k + 1 already runs, so the matrix
+        unit stays busy and the vector unit works beside it instead of after it."""
         row, rb, cb = m
         depth = self.cm.cfg.core.weight_fifo_tiles
         T = self.T if tokens is None else tokens
@@ -367,6 +373,7 @@ class _Emitter:
             per = max(1, (depth // 2) // per_group) * group
             chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
         L = self.cm.L
+        prev = None
         for r0, n in chunks:
             if n * cb > depth:
                 raise UserError(f"model: {n * cb} tiles in one MATVEC exceed the weight FIFO's "
@@ -377,6 +384,16 @@ class _Emitter:
             self.out.append(_Job(len(self.jobs), row + r0 * cb, n * cb, f,
                                  self.kv_ready if kv else 0))
             self.jobs.append(self.out[-1])
+            if then is not None and prev is not None:
+                self._then(then, T, prev, L)
+            prev = (r0, n)
+        if then is not None:
+            self._then(then, T, prev, L)
+
+    def _then(self, then, T, chunk, L):
+        r0, n = chunk
+        for t in range(T):
+            then(t, r0 * L, n * L)
 
     def scalar(self, t, k):
         return self.cm.v_scal + ((4 + 2 * self.cm.sh.n_head) * t + k) * self.cm.P
@@ -419,6 +436,15 @@ class _Emitter:
         per = head_rb if cm.all_logits else cm.chunk // L      # LM head row blocks per VSP buffer
         chunks = [(r0, min(per, head_rb - r0)) for r0 in range(0, head_rb, per)]
         self.e("LOAD", vsp=cm.v_pars[0], n=cm._layer_len, row=cm.layers[0].params, f32=1)
+
+        def residual(t, r, n):     # x += y on the rows a MATVEC job finished
+            self.vec("ADD", cm.v_x + t * dS + r, cm.v_x + t * dS + r, n, src2=cm.v_y + t * dS + r)
+
+        def gelu(t, r, n):         # GELU and the fp16 copy for the next MATVEC
+            h = cm.v_h + t * fS + r
+            self.vec("GELU", h, h, n)
+            self.vec("CVT16", cm.x_h + t * fS + r, h, n)
+
         for li, lr in enumerate(cm.layers):
             par = cm.v_pars[li % 2]
             g1, b1, bqkv, bproj, g2, b2, bfc, bfc2 = (par + o for o in po)
@@ -481,16 +507,15 @@ class _Emitter:
             for h in range(H):
                 self.matvec(vmat[h], cm.x_p + h * nS, HN, cm.v_att + h * hdp, aS, group=rbv, kv=True)
             self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
-            self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj)
-            self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
+            self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj, then=residual)
             for t in range(T):
                 self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g2, b2)
             self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
-            self.matvec(lr.fc, cm.x_a, dS, cm.v_h, fS, bias=bfc)
-            self.vec("GELU", cm.v_h, cm.v_h, T * fS)
-            self.vec("CVT16", cm.x_h, cm.v_h, T * fS)
-            self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2)
-            self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
+            self.matvec(lr.fc, cm.x_a, dS, cm.v_h, fS, bias=bfc, then=gelu)
+            if lr.fc[1] * L < fS:       # columns of x_h past the matrix's last row block
+                for t in range(T):
+                    gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
+            self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2, then=residual)
             self.dump(li + 1)
         # Final LayerNorm and the LM head (the token embedding, tied).
         par = cm.v_pars[len(cm.layers) % 2]

@@ -6,6 +6,7 @@
 #   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
 #   make soak             the long randomized runs (not part of make test)
 #   make synth            Yosys resource estimates (UltraScale+) of the arithmetic units
+#   make run   [CONFIG=]  generate text with the demo model on the Verilated card
 #   make bench            performance figures (JSON in build/bench/, tables on stdout, plot in docs/)
 
 CONFIG ?= configs/tiny.yaml
@@ -15,7 +16,7 @@ PY      = $(VENV)/bin/python
 GPTFPGA = $(VENV)/bin/gptfpga
 PYTHON ?= python3
 
-.PHONY: setup test rtl sim lint soak synth bench clean
+.PHONY: setup test rtl sim lint soak synth bench run clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +50,10 @@ bench: setup
 	$(GPTFPGA) bench core --config configs/tiny.yaml
 	$(GPTFPGA) bench core --config configs/medium.yaml
 	$(GPTFPGA) bench collective --config configs/tiny.yaml
+
+# One card for now: several cards need the collective instructions inside the card.
+run: setup
+	$(GPTFPGA) run --config $(CONFIG) --cards 1 --backend rtl --max-new-tokens 32
 
 clean:
 	rm -rf build sim_build

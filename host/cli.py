@@ -174,6 +174,81 @@ def cmd_collective(args):
     return 0
 
 
+def cmd_run(args):
+    import json
+
+    import numpy as np
+
+    from .compiler import CompiledModel
+    from .model import load_checkpoint
+    from .runtime import DEMO_MODEL, Sampling, eos_id, generate, make_device
+    from .tokenizer import load_tokenizer
+    cfg = load_config(args.config)
+    cards = args.cards or cfg.cards
+    if cards != 1:
+        raise UserError(f"--cards: {cards} (the config's {cfg.cards} unless given); allowed today: 1 "
+                        f"(several cards need the collective instructions in the card, not built yet)")
+    cfg = cfg.replace(cards=cards)
+    model_dir = Path(args.model) if args.model else DEMO_MODEL
+    model = load_checkpoint(model_dir)
+    tok = load_tokenizer(model_dir)
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens: got {args.max_new_tokens}; allowed: at least 1")
+    if args.top_k and not args.temperature:
+        raise UserError("--top-k: needs --temperature (greedy decoding ignores it)")
+    sampling = Sampling(temperature=args.temperature or 0.0, top_k=args.top_k or 0, seed=args.seed)
+    sampling.check(model.shape.vocab)
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--prompt-ids: got {args.prompt_ids!r}; allowed: comma-separated "
+                            f"token ids, e.g. 464,2068,7586") from None
+    else:
+        ids = tok.encode(args.prompt)
+    cm = CompiledModel(cfg, model)
+    dev = make_device(cfg, args.backend, xclbin=args.xclbin)
+    stream = not args.json
+    printed = [""]
+    gen = []
+
+    def on_token(t):
+        gen.append(t)
+        if stream:
+            text = tok.decode(gen)
+            if not text.endswith("\ufffd"):        # a multi-byte character not finished yet
+                print(text[len(printed[0]):], end="", flush=True)
+                printed[0] = text
+
+    if stream:
+        print(args.prompt if args.prompt_ids is None else tok.decode(ids), end="", flush=True)
+    out, logits, stats = generate(cfg, cm, dev, ids, args.max_new_tokens, sampling=sampling,
+                                  eos=eos_id(model_dir), timeout_s=args.timeout, on_token=on_token,
+                                  keep_logits=bool(args.dump_logits))
+    if args.dump_logits:
+        np.save(args.dump_logits, logits)
+    fig = stats.summary(cfg)
+    result = {"backend": args.backend, "config": cfg.name, "cards": cards, "prompt_ids": ids,
+              "tokens": out, "text": tok.decode(out), **fig}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print()
+        print(f"-- {len(out)} tokens on {args.backend} ({cfg.name}, {cards} card)")
+        if args.backend == "iss":
+            print("   (the ISS counts bytes, not cycles: use --backend rtl for cycle figures)")
+        else:
+            print(f"   prefill: {fig['prefill_cycles']} cycles for {fig['prompt_tokens']} tokens "
+                  f"({fig['prefill_cycles_per_token']} per token, {fig['prefill_ms_per_token_at_clock']} ms "
+                  f"at {cfg.clock_mhz} MHz)")
+            print(f"   decode: {fig['decode_cycles_per_token']} cycles per token "
+                  f"({fig['decode_ms_per_token_at_clock']} ms at {cfg.clock_mhz} MHz), "
+                  f"HBM utilization {fig['hbm_utilization_decode']}")
+        print(f"   HBM bytes per decode token: {fig['hbm_bytes_per_token']:.0f}; simulation wall time "
+              f"per decode token: {fig['wall_seconds_per_decode_token']} s")
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -216,6 +291,26 @@ def build_parser():
     co.add_argument("--json", action="store_true")
     co.add_argument("--save", help="write inputs and outputs to this .npz")
     co.set_defaults(func=cmd_collective)
+
+    r = sub.add_parser("run", help="generate text with a GPT-2 on the simulated (or real) appliance")
+    r.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"), help="appliance config (YAML)")
+    r.add_argument("--model", help="Hugging Face GPT-2 directory (default: the demo model in host/demo)")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="The lighthouse", help="prompt text")
+    src.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
+    r.add_argument("--max-new-tokens", type=int, default=32)
+    r.add_argument("--backend", choices=["iss", "rtl", "xrt"], default="rtl")
+    r.add_argument("--cards", type=int, help="cards to run on (default: the config's)")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="the most likely token (the default)")
+    mode.add_argument("--temperature", type=float, help="sample from softmax(logits / T)")
+    r.add_argument("--top-k", type=int, help="sample among the K most likely tokens")
+    r.add_argument("--seed", type=int, default=0, help="seed for sampling")
+    r.add_argument("--timeout", type=float, default=600.0, help="seconds a step may take on the device")
+    r.add_argument("--xclbin", help="with --backend xrt: the xclbin to load")
+    r.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
+    r.add_argument("--dump-logits", help="write the logits of every generated position (.npy)")
+    r.set_defaults(func=cmd_run)
 
     sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")

@@ -1,0 +1,89 @@
+"""The card on an Alveo U280 through XRT's Python binding (pyxrt).
+
+UNTESTED ON HARDWARE: written against pyxrt's documented API (XRT 2.14+: device, xclbin,
+hw_context, kernel, bo, run); nobody has run it on a board yet. Kernel arguments, in the order
+the Vitis packaging declares them: prog_addr, prog_len, card, insn_ptr, then hbm0 .. hbm<C-1>
+(one buffer per HBM channel, each mapped to its own HBM bank by the v++ link config).
+"""
+
+from hw import regs
+from sim.device import Device, DeviceTimeout
+
+from .errors import UserError
+
+__all__ = ["XrtDevice", "KERNEL_NAME", "KERNEL_ARGS"]
+
+KERNEL_NAME = "gptfpga_card"
+KERNEL_ARGS = ["prog_addr", "prog_len", "card", "insn_ptr"]   # then hbm0 .. hbm<C-1>
+
+
+class XrtDevice(Device):
+    def __init__(self, cfg, *, xclbin=None, index=0):
+        if not xclbin:
+            raise UserError("--xclbin: required with --backend xrt (the file `make package` "
+                            "builds with v++)")
+        try:
+            import pyxrt
+        except ImportError:
+            raise UserError("--backend xrt: pyxrt cannot be imported; install XRT and source "
+                            "/opt/xilinx/xrt/setup.sh") from None
+        self.px = pyxrt
+        self.cfg = cfg
+        self.channels = cfg.hbm.channels
+        self.channel_bytes = cfg.hbm.channel_mbytes << 20
+        self.dev = pyxrt.device(index)
+        xb = pyxrt.xclbin(str(xclbin))
+        self.dev.register_xclbin(xb)
+        self.ctx = pyxrt.hw_context(self.dev, xb.get_uuid())
+        self.kernel = pyxrt.kernel(self.ctx, KERNEL_NAME)
+        base = len(KERNEL_ARGS)
+        self.bos = [pyxrt.bo(self.dev, self.channel_bytes, pyxrt.bo.normal, self.kernel.group_id(base + k))
+                    for k in range(self.channels)]
+        self.args = {"prog_addr": 0, "prog_len": 0, "card": (cfg.cards << 8), "insn_ptr": 0}
+        self.run_ = None
+        self._last = {}
+
+    def write_hbm(self, channel, offset, data):
+        import numpy as np
+        data = np.ascontiguousarray(np.asarray(data, np.uint8).reshape(-1))
+        self._check_span(channel, offset, len(data))
+        self.bos[channel].write(data, offset)
+        self.bos[channel].sync(self.px.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, len(data), offset)
+
+    def read_hbm(self, channel, offset, nbytes):
+        import numpy as np
+        self._check_span(channel, offset, nbytes)
+        self.bos[channel].sync(self.px.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, nbytes, offset)
+        return np.asarray(self.bos[channel].read(nbytes, offset), np.uint8)
+
+    def write_reg(self, addr, value):
+        # Arguments go through the run object (XRT writes them at start); 64-bit ones come
+        # as two words, low first.
+        for name, (a, bits, _doc) in regs.ARGS.items():
+            if addr == a:
+                self.args[name] = (self.args[name] & ~0xFFFFFFFF) | value
+                return
+            if bits == 64 and addr == a + 4:
+                self.args[name] = (self.args[name] & 0xFFFFFFFF) | (value << 32)
+                return
+        raise ValueError(f"register {addr:#x} is not a kernel argument")
+
+    def read_reg(self, addr):
+        return int(self.kernel.read_register(addr))
+
+    def start(self):
+        run = self.px.run(self.kernel)
+        for i, name in enumerate(KERNEL_ARGS):
+            value = self.args[name]
+            if name == "insn_ptr":
+                value = self.bos[0].address()
+            run.set_arg(i, value)
+        for k, bo in enumerate(self.bos):
+            run.set_arg(len(KERNEL_ARGS) + k, bo)
+        run.start()
+        self.run_ = run
+
+    def wait(self, timeout_s):
+        state = self.run_.wait(int(timeout_s * 1000))
+        if state != self.px.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
+            raise DeviceTimeout(f"the kernel did not complete within {timeout_s:g} s (state {state})")

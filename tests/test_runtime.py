@@ -1,0 +1,173 @@
+"""The host runtime: the demo model, tokenizer, generation loop and `gptfpga run`.
+
+- the demo model loads (safetensors, shapes checked) and its tokenizer round-trips text;
+- ISS against the float64 GPT-2: logits of every generated position within the stated
+  tolerance and the same greedy tokens over 32 steps (1 card);
+- RTL against ISS: bit-identical logits and tokens (1 card; 8 steps here, 32 in soak);
+- sampling is seeded and respects top-k;
+- bad input gives one line and exit code 2.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gen.config import load_config
+from host.compiler import CompiledModel
+from host.model import load_checkpoint
+from host.runtime import DEMO_MODEL, Sampling, generate, pick
+from host.tokenizer import load_tokenizer
+from sim.ref import gpt2 as ref
+
+ROOT = Path(__file__).resolve().parent.parent
+CFG = ROOT / "configs" / "tiny.yaml"
+PROMPT = "The machine wrote"
+# Largest |logit difference| between the ISS (fp16 weights and activations into the matrix
+# unit, fp32 accumulation and vector unit) and float64 on the fp16 weights, relative to the
+# logits' spread (max - min) at that position.
+LOGIT_TOL = 5e-3
+
+
+@pytest.fixture(scope="module")
+def demo():
+    cfg = load_config(CFG).replace(cards=1)
+    model = load_checkpoint(DEMO_MODEL)
+    tok = load_tokenizer(DEMO_MODEL)
+    return cfg, model, tok
+
+
+def test_demo_model_and_tokenizer(demo):
+    cfg, model, tok = demo
+    sh = model.shape
+    lim = load_config(CFG).core.limits
+    assert (sh.d_model, sh.n_head, sh.n_layer) == (128, 4, 4)
+    assert sh.vocab <= lim.vocab and sh.n_positions <= lim.seq_len
+    ids = tok.encode(PROMPT)
+    assert all(0 <= i < sh.vocab for i in ids) and tok.decode(ids) == PROMPT
+    # Weights are stored in fp16: the float32 copy must be exactly representable.
+    w = model.weights["h.0.attn.c_attn.weight"]
+    assert np.array_equal(w.astype(np.float16).astype(np.float32), w)
+
+
+def _greedy_float64(model, ids, steps):
+    sh = model.shape
+    seq, out, logits = list(ids), [], []
+    for _ in range(steps):
+        lg = ref.forward(model.weights, seq, sh.n_head, sh.n_layer, sh.eps)[-1]
+        logits.append(lg)
+        out.append(int(np.argmax(lg)))
+        seq.append(out[-1])
+    return out, np.stack(logits)
+
+
+def test_iss_matches_float64(demo):
+    from sim.ref.iss import IssDevice
+    cfg, model, tok = demo
+    ids = tok.encode(PROMPT)
+    cm = CompiledModel(cfg, model)
+    out, logits, stats = generate(cfg, cm, IssDevice(cfg), ids, 32, keep_logits=True)
+    want, want_logits = _greedy_float64(model, ids, 32)
+    assert out == want, f"greedy tokens differ: {out} vs {want}"
+    spread = want_logits.max(-1) - want_logits.min(-1)
+    err = (np.abs(logits - want_logits).max(-1) / spread).max()
+    print(f"ISS vs float64: worst logit error {err:.2e} of the spread over 32 steps")
+    assert err < LOGIT_TOL
+    assert len(stats.decode_steps) == 31 and stats.prompt_tokens == len(ids)
+
+
+def _rtl_vs_iss(demo, steps):
+    from sim.ref.iss import IssDevice
+    from sim.system import RtlDevice
+    cfg, model, tok = demo
+    ids = tok.encode(PROMPT)
+    runs = []
+    for dev in (IssDevice(cfg), RtlDevice(cfg)):
+        cm = CompiledModel(cfg, model)
+        runs.append(generate(cfg, cm, dev, ids, steps, keep_logits=True))
+    (t0, l0, _), (t1, l1, s1) = runs
+    assert t0 == t1
+    assert np.array_equal(l0.view(np.uint32), l1.view(np.uint32))
+    fig = s1.summary(cfg)
+    assert fig["decode_cycles_per_token"] > 0 and 0 < fig["hbm_utilization_decode"] <= 1
+
+
+@pytest.mark.rtl
+def test_rtl_matches_iss(demo):
+    _rtl_vs_iss(demo, 8)
+
+
+@pytest.mark.soak
+def test_rtl_matches_iss_32_steps(demo):
+    _rtl_vs_iss(demo, 32)
+
+
+def test_sampling_is_seeded_and_top_k():
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal(50)
+    top = set(np.argsort(logits)[-3:].tolist())
+    s = Sampling(temperature=1.0, top_k=3, seed=7)
+    a = [pick(logits, s, np.random.default_rng(7)) for _ in range(20)]
+    b = [pick(logits, s, np.random.default_rng(7)) for _ in range(20)]
+    assert a == b and set(a) <= top
+    draws = {pick(logits, s, rng) for _ in range(200)}
+    assert draws == top                       # all three, and nothing else
+    assert pick(logits, Sampling(), rng) == int(np.argmax(logits))
+
+
+def _cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "host.cli", "run", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout)
+
+
+def test_cli_iss_json(tmp_path):
+    logits = tmp_path / "l.npy"
+    p = _cli("--backend", "iss", "--cards", "1", "--prompt", PROMPT, "--max-new-tokens", "4", "--json",
+             "--dump-logits", str(logits))
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert len(r["tokens"]) == 4 and isinstance(r["text"], str)
+    for key in ("prefill_cycles", "decode_cycles_per_token", "hbm_bytes_per_token", "link_bytes_per_token"):
+        assert key in r
+    assert r["hbm_bytes_per_token"] > 0
+    lg = np.load(logits)
+    assert lg.shape == (4, load_checkpoint(DEMO_MODEL).shape.vocab)
+    assert [int(np.argmax(x)) for x in lg] == r["tokens"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "/nonexistent"], "--model"),
+    (["--prompt-ids", "1,2,99999"], "outside the vocabulary"),
+    (["--prompt-ids", "1,x"], "--prompt-ids"),
+    (["--max-new-tokens", "500"], "context"),
+    (["--prompt-ids", ",".join(["5"] * 200)], "context"),
+    (["--temperature", "-1"], "--temperature"),
+    (["--top-k", "3"], "--top-k"),
+    (["--cards", "2"], "--cards"),
+    (["--backend", "xrt"], "--xclbin"),
+])
+def test_cli_bad_input(args, needle):
+    extra = [] if "--cards" in args else ["--cards", "1"]
+    p = _cli("--backend", "iss", *extra, *args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.rtl
+def test_device_timeout(demo):
+    """A card that does not finish (its HBM starved to a trickle): a one-line UserError naming
+    the position and the timeout, raised after the wall-clock timeout, not a hang."""
+    import time
+
+    from host.errors import UserError
+    from sim.system import RtlDevice
+    cfg, model, tok = demo
+    dev = RtlDevice(cfg, bytes_per_cycle=0.01)
+    t0 = time.monotonic()
+    with pytest.raises(UserError, match=r"did not finish within 0.5 s"):
+        generate(cfg, CompiledModel(cfg, model), dev, tok.encode(PROMPT), 2, timeout_s=0.5)
+    assert time.monotonic() - t0 < 120

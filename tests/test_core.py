@@ -149,3 +149,16 @@ def test_program_address_errors(rtl_card):
         d.start()
         status = d.wait(60)
         assert status == (2 << 8 | _err("AXI_ERROR")), f"{type(d).__name__}: {status:#x}"
+
+
+@pytest.mark.rtl
+def test_watchdog_timeout(rtl_card):
+    """HBM that delivers nothing for longer than the watchdog (2^20 cycles without progress):
+    the card stops with TIMEOUT in its status register and raises ap_done, not a hang."""
+    from sim.device import status_name
+    from sim.system import RtlDevice
+    cfg, _ = rtl_card
+    dev = RtlDevice(cfg, bytes_per_cycle=1e-6)          # one 32-byte beat per 32 M cycles
+    c = dev.run([encode("LOAD", vsp=0, n=8, row=0), encode("HALT")], 1 << 16, timeout_s=600)
+    assert status_name(c["status"]) == "TIMEOUT", f"status {c['status']:#x}"
+    assert (1 << 20) <= c["cycles"] < (1 << 20) + 100_000

@@ -6,6 +6,7 @@
 #   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
 #   make soak             the long randomized runs (not part of make test)
 #   make synth            Yosys resource estimates (UltraScale+) of the arithmetic units
+#   make package [CONFIG=] the card as a Vitis RTL kernel under build/<config>/vitis/
 #   make run   [CONFIG=]  generate text with the demo model on the Verilated card
 #   make bench            performance figures (JSON in build/bench/, tables on stdout, plot in docs/)
 
@@ -16,7 +17,7 @@ PY      = $(VENV)/bin/python
 GPTFPGA = $(VENV)/bin/gptfpga
 PYTHON ?= python3
 
-.PHONY: setup test rtl sim lint soak synth bench run clean
+.PHONY: setup test rtl sim lint soak synth bench run package clean
 
 setup: $(VENV)/.installed
 
@@ -50,6 +51,9 @@ bench: setup
 	$(GPTFPGA) bench core --config configs/tiny.yaml
 	$(GPTFPGA) bench core --config configs/medium.yaml
 	$(GPTFPGA) bench collective --config configs/tiny.yaml
+
+package: setup
+	$(GPTFPGA) package $(CONFIG)
 
 # One card for now: several cards need the collective instructions inside the card.
 run: setup

@@ -249,6 +249,16 @@ def cmd_run(args):
     return 0
 
 
+def cmd_package(args):
+    from gen.package import package
+    cfg = load_config(args.config)
+    out = Path(args.out) if args.out else _default_out(args.config) / "vitis"
+    files = package(cfg, out)
+    for path in files.values():
+        print(path)
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -311,6 +321,12 @@ def build_parser():
     r.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
     r.add_argument("--dump-logits", help="write the logits of every generated position (.npy)")
     r.set_defaults(func=cmd_run)
+
+    pk = sub.add_parser("package", help="the card as a Vitis RTL kernel: Verilog, kernel.xml, "
+                                        "package_kernel.tcl, v++ link config, Makefile")
+    pk.add_argument("config", help="appliance config (YAML)")
+    pk.add_argument("-o", "--out", help="output folder (default build/<config name>/vitis)")
+    pk.set_defaults(func=cmd_package)
 
     sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")

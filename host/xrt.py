@@ -74,10 +74,9 @@ class XrtDevice(Device):
     def start(self):
         run = self.px.run(self.kernel)
         for i, name in enumerate(KERNEL_ARGS):
-            value = self.args[name]
-            if name == "insn_ptr":
-                value = self.bos[0].address()
-            run.set_arg(i, value)
+            # insn_ptr is the pointer argument of m_axi_insn: channel 0's buffer (link.cfg puts
+            # both masters on HBM[0]).
+            run.set_arg(i, self.bos[0] if name == "insn_ptr" else self.args[name])
         for k, bo in enumerate(self.bos):
             run.set_arg(len(KERNEL_ARGS) + k, bo)
         run.start()

@@ -75,10 +75,10 @@ def _ports_header(ports, data_bits):
     for n in names:
         lines.append(f"    p.{n} = {ref_(n)};")
     for k, (ch, port) in enumerate([("r", "rd_src"), ("r", "rd_op"), ("l", "rd_src"), ("l", "rd_op")]):
-        for sig in ("en", "addr", "data"):
+        for sig in ("en", "ready", "addr", "rvalid", "data"):
             lines.append(f"    p.rd[{k}].{sig} = {ref_(f'mem_{ch}_{port}_{sig}')};")
     for k, ch in enumerate("rl"):
-        for sig in ("en", "addr", "data"):
+        for sig in ("en", "ready", "addr", "data"):
             lines.append(f"    p.wr[{k}].{sig} = {ref_(f'mem_{ch}_wr_{sig}')};")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -142,6 +142,7 @@ class Fabric:
         L.fab_run.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
         L.fab_run.restype = ctypes.c_int64
         L.fab_stats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+        L.fab_set_mem.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_double]
         L.fab_set_link.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_double,
                                    ctypes.c_double]
         self._f = L.fab_new(cards, mem_bytes, latency, bytes_per_cycle, ber, drop, seed)
@@ -180,7 +181,8 @@ class Fabric:
 
 
 def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional=False, ber=0.0,
-                   drop=0.0, seed=0, max_cycles=None, dead_link=None, lib=None, log=None):
+                   drop=0.0, seed=0, max_cycles=None, dead_link=None, lib=None, log=None,
+                   mem_latency=1, mem_jitter=0, mem_stall=0.0):
     """One collective on random inputs; returns (figures dict, inputs, outputs list).
 
     Raises LinkDead when a link gives up (the figures are then attached to the exception).
@@ -204,6 +206,7 @@ def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional
     mem_bytes = (src_beats + dst_beats + 1) * beat_bytes
     fab = Fabric(p, N, mem_bytes=mem_bytes, latency=cfg.link.latency_cycles,
                  bytes_per_cycle=cfg.link_bytes_per_cycle, ber=ber, drop=drop, seed=seed, lib=lib)
+    fab._lib.fab_set_mem(fab._f, mem_latency, mem_jitter, mem_stall)
     if dead_link is not None:
         fab._lib.fab_set_link(fab._f, dead_link, 0, 0.0, 1.0)
     for i in range(N):

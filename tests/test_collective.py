@@ -138,3 +138,19 @@ def test_bench_sweep_and_plot(fabric_lib, tmp_path):
     png = tmp_path / "busbw.png"
     bench.plot_collective(res, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("op", ["allgather", "reducescatter", "allreduce"])
+@pytest.mark.parametrize("latency, jitter, stall", [(2, 0, 0.0), (4, 12, 0.4)])
+def test_slow_memory(fabric_lib, op, latency, jitter, stall, seed):
+    """The engine's memory ports tolerate any latency and backpressure (the card's scratchpad
+    and HBM are not one-cycle memories): replies late, jittered, ports refusing requests;
+    still bit-exact."""
+    from sim.fabric import run_collective
+    cfg, lib = fabric_lib
+    for cards, bidi in ((2, False), (4, True)):
+        for n in (37, 5000):
+            fig, *_ = run_collective(cfg, op, n, cards=cards, bidirectional=bidi, seed=seed + n, lib=lib,
+                                     mem_latency=latency, mem_jitter=jitter, mem_stall=stall)
+            assert fig["ok"], f"{op} {cards} cards n={n} memory {latency}/{jitter}/{stall} (seed {seed + n})"

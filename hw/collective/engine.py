@@ -27,7 +27,7 @@ offsets and lengths, in beats) comes from a table the driver writes.
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -44,15 +44,24 @@ SegEntry = data.StructLayout({"src": 32, "dst": 32, "beats": 32})
 
 
 class MemRead(wiring.Signature):
-    """Read port of the node's memory: address (in beats) now, data one cycle later."""
+    """Read port of the node's memory (addresses in beats).
+
+    A request goes when ``en`` and ``ready`` are both high (``en`` never waits for ``ready``);
+    replies come back in request order, any number of cycles later (at least one), as
+    ``rvalid`` with ``data``, and are always taken: the engine asks only for what it has room
+    for. Fits a private buffer (one cycle), the card's arbitrated scratchpad or HBM.
+    """
 
     def __init__(self, data_bits):
-        super().__init__({"en": Out(1), "addr": Out(32), "data": In(data_bits)})
+        super().__init__({"en": Out(1), "ready": In(1), "addr": Out(32), "rvalid": In(1),
+                          "data": In(data_bits)})
 
 
 class MemWrite(wiring.Signature):
+    """Write port of the node's memory: a write goes when ``en`` and ``ready`` are high."""
+
     def __init__(self, data_bits):
-        super().__init__({"en": Out(1), "addr": Out(32), "data": Out(data_bits)})
+        super().__init__({"en": Out(1), "ready": In(1), "addr": Out(32), "data": Out(data_bits)})
 
 
 class _Walk:
@@ -173,12 +182,14 @@ class RingChannel(wiring.Component):
         m.submodules.lf = lf
         fw = SyncFIFOBuffered(width=D + 1 + 32, depth=32)
         m.submodules.fw = fw
-        l_pending = Signal()
-        l_last = Signal()
-        l_tag = Signal(32)
+        # meta (last, tag) of the local reads in flight, readable the cycle after it is written
+        lm = SyncFIFO(width=1 + 32, depth=8)
+        m.submodules.lm = lm
+        l_out = Signal(range(16))       # local reads requested and not yet answered
         local = active & ~tw.done & (t_round == 0)
-        can_read = local & t_exists & ((lf.level + l_pending) < 6)
-        m.d.comb += [self.rd_src.en.eq(can_read),
+        want_read = local & t_exists & ((lf.level + l_out) < 6)
+        can_read = want_read & self.rd_src.ready
+        m.d.comb += [self.rd_src.en.eq(want_read),
                      self.rd_src.addr.eq(self.src + st.src + (t_chunk << cl) + tb)]
         frame_end = tb == t_beats - 1
         with m.If(can_read):
@@ -191,14 +202,17 @@ class RingChannel(wiring.Component):
         skip = active & ~tw.done & ~t_exists
         with m.If(skip):
             tw.advance(m, K, rounds, self.max_chunks)
-        m.d.sync += [l_pending.eq(can_read), l_last.eq(frame_end), l_tag.eq(Cat(t_chunk[0:24], Const(0, 8)))]
+        l_reply = self.rd_src.rvalid
+        m.d.sync += l_out.eq(l_out + can_read - l_reply)
+        m.d.comb += [lm.w_en.eq(can_read), lm.w_data.eq(Cat(frame_end, t_chunk[0:24], Const(0, 8))),
+                     lm.r_en.eq(l_reply)]
         local_data = Mux(self.op == OP_AG, self.rd_src.data, self._to_f32(m, self.rd_src.data, "lc"))
-        m.d.comb += [lf.w_en.eq(l_pending), lf.w_data.eq(Cat(local_data, l_last, l_tag))]
+        m.d.comb += [lf.w_en.eq(l_reply), lf.w_data.eq(Cat(local_data, lm.r_data))]
 
         # The link sender takes frames in schedule order: round 0 from the local FIFO, later
         # rounds from the forward FIFO (which the receiving walk fills in the same order).
         # (Round 0's frames still in the local FIFO go first.)
-        fwd_turn = active & ~tw.done & (t_round != 0) & t_exists & (lf.level == 0) & ~l_pending
+        fwd_turn = active & ~tw.done & (t_round != 0) & t_exists & (lf.level == 0) & (l_out == 0)
         with m.If(fwd_turn):
             m.d.comb += [self.send.valid.eq(fw.r_rdy), self.send.payload.data.eq(fw.r_data[0:D]),
                          self.send.payload.last.eq(fw.r_data[D]),
@@ -225,14 +239,25 @@ class RingChannel(wiring.Component):
         r_exists = (rw.r != 0) & (r_chunk < r_nchunks)
         rb = Signal(16)
         rv = self.recv
-        in_flight = Signal(range(16))
-        take = rv.valid & active & ~rw.done & r_exists & ((fw.level + in_flight) < 32 - 2)
+        # Received beats wait in `pf` for their operand (reduce-scatter rounds), which the
+        # memory answers into `of` in request order; results to be written wait in `wf`.
+        # in_flight counts beats taken and not yet out of the adder pipeline; the budget keeps
+        # every FIFO from overflowing whatever the memory's latency.
+        Meta = data.StructLayout({"rs": 1, "last": 1, "fwd": 1, "wr": 1, "tag": 32, "addr": 32})
+        pf = SyncFIFO(width=D + Meta.size, depth=32)
+        of = SyncFIFO(width=D, depth=32)
+        wf = SyncFIFOBuffered(width=32 + D, depth=32)
+        m.submodules.pf, m.submodules.of, m.submodules.wf = pf, of, wf
+        in_flight = Signal(range(64))
+        room = (fw.level + wf.level + in_flight) < 32 - 2
+        pre = rv.valid & active & ~rw.done & r_exists & room
+        take = pre & (~r_rs | self.rd_op.ready)
         m.d.comb += rv.ready.eq(take)
         r_skip = active & ~rw.done & ~r_exists
         with m.If(r_skip):
             rw.advance(m, K, rounds, self.max_chunks)
         off = (r_chunk << cl) + rb
-        m.d.comb += [self.rd_op.en.eq(take & r_rs), self.rd_op.addr.eq(self.src + sr.src + off)]
+        m.d.comb += [self.rd_op.en.eq(pre & r_rs), self.rd_op.addr.eq(self.src + sr.src + off)]
         with m.If(take):
             with m.If(rv.payload.last):
                 m.d.sync += rb.eq(0)
@@ -241,15 +266,25 @@ class RingChannel(wiring.Component):
                     m.d.sync += self.order_error.eq(1)
             with m.Else():
                 m.d.sync += rb.eq(rb + 1)
+        meta_in = Signal(Meta)
+        m.d.comb += [meta_in.rs.eq(r_rs), meta_in.last.eq(rv.payload.last),
+                     meta_in.fwd.eq(r_step < last_step),
+                     meta_in.wr.eq((r_rs & (r_step == N - 2)) | ~r_rs),
+                     meta_in.tag.eq(Cat(r_chunk[0:24], (r_step + 1)[0:8])),
+                     meta_in.addr.eq(self.dst + sr.dst + off),
+                     pf.w_en.eq(take), pf.w_data.eq(Cat(rv.payload.data, meta_in)),
+                     of.w_en.eq(self.rd_op.rvalid), of.w_data.eq(self.rd_op.data)]
+        head = Meta(pf.r_data[D:])
+        go = pf.r_rdy & (~head.rs | of.r_rdy)
+        m.d.comb += [pf.r_en.eq(go), of.r_en.eq(go & head.rs)]
         s1 = Signal(data.StructLayout({"v": 1, "rs": 1, "last": 1, "fwd": 1, "wr": 1,
                                        "tag": 32, "addr": 32}))
         s1_in = Signal(D, reset_less=True)
-        m.d.sync += [s1.v.eq(take), s1.rs.eq(r_rs), s1.last.eq(rv.payload.last),
-                     s1.fwd.eq(r_step < last_step),
-                     s1.wr.eq((r_rs & (r_step == N - 2)) | ~r_rs),
-                     s1.tag.eq(Cat(r_chunk[0:24], (r_step + 1)[0:8])), s1.addr.eq(self.dst + sr.dst + off),
-                     s1_in.eq(rv.payload.data)]
-        operand = self._to_f32(m, self.rd_op.data, "op")
+        s1_op = Signal(D, reset_less=True)
+        m.d.sync += [s1.v.eq(go), s1.rs.eq(head.rs), s1.last.eq(head.last), s1.fwd.eq(head.fwd),
+                     s1.wr.eq(head.wr), s1.tag.eq(head.tag), s1.addr.eq(head.addr),
+                     s1_in.eq(pf.r_data[0:D]), s1_op.eq(of.r_data)]
+        operand = self._to_f32(m, s1_op, "op")
         sums = []
         for w in range(self.W):
             add = Fp32Add()
@@ -265,15 +300,16 @@ class RingChannel(wiring.Component):
         result = Mux(meta.rs, Cat(*sums), raw)
         m.d.sync += in_flight.eq(in_flight + take - meta.v)
         m.d.comb += [fw.w_en.eq(meta.v & meta.fwd), fw.w_data.eq(Cat(result, meta.last, meta.tag))]
-        with m.If(meta.v & meta.wr):
-            m.d.comb += [self.wr.en.eq(1), self.wr.addr.eq(meta.addr), self.wr.data.eq(result)]
+        m.d.comb += [wf.w_en.eq(meta.v & meta.wr), wf.w_data.eq(Cat(meta.addr, result)),
+                     self.wr.en.eq(wf.r_rdy), self.wr.addr.eq(wf.r_data[0:32]),
+                     self.wr.data.eq(wf.r_data[32:]), wf.r_en.eq(self.wr.ready)]
 
         # -- start and finish -----------------------------------------------------------------------
         m.d.comb += self.done.eq(~active)
         with m.If(self.start):
             m.d.sync += [active.eq(1), tb.eq(0), rb.eq(0), *tw.reset(), *rw.reset(),
                          self.order_error.eq(0)]
-        with m.Elif(active & tw.done & rw.done & (lf.level == 0) & ~l_pending & (fw.level == 0)
-                    & (in_flight == 0) & self.link_idle):
+        with m.Elif(active & tw.done & rw.done & (lf.level == 0) & (l_out == 0) & (fw.level == 0)
+                    & (in_flight == 0) & (wf.level == 0) & self.link_idle):
             m.d.sync += active.eq(0)
         return m

@@ -64,8 +64,8 @@ struct Port {
     }
 };
 
-struct MemRd { Port en, addr, data; };
-struct MemWr { Port en, addr, data; };
+struct MemRd { Port en, ready, addr, rvalid, data; };   // requests with backpressure, in-order replies
+struct MemWr { Port en, ready, addr, data; };
 
 struct NodePorts {
     Port r_tx_valid, r_tx_ready, r_tx_payload, r_rx_valid, r_rx_ready, r_rx_payload;
@@ -118,10 +118,17 @@ struct Fabric {
     std::vector<std::vector<uint8_t>> mem;
     std::vector<Link> right, left;   // right[i]: i.R -> (i+1).L ; left[i]: (i+1).L -> i.R
     std::vector<Stats> stats;
-    std::vector<std::array<std::vector<uint8_t>, 4>> rd_next;   // read data for next cycle
-    std::mt19937_64 rng;
+    struct Reply { uint64_t due; std::vector<uint8_t> data; };
+    std::vector<std::array<std::deque<Reply>, 4>> replies;     // per read port, in order
+    int mem_latency = 1, mem_jitter = 0;                        // reply after latency + [0, jitter]
+    double mem_stall = 0;                                       // chance a port is not ready
+    std::mt19937_64 rng, mem_rng;
     uint64_t cycle = 0;
     int beat_bytes = DATA_BITS / 8;
+
+    bool stall() {
+        return mem_stall > 0 && std::uniform_real_distribution<double>(0, 1)(mem_rng) < mem_stall;
+    }
 
     void inject(Link& L, const uint8_t* data, bool last) {
         Beat b{std::vector<uint8_t>(data, data + beat_bytes), last, cycle + L.latency};
@@ -186,7 +193,14 @@ struct Fabric {
             }
             p.r_tx_ready.set(right[i].bucket >= beat_bytes);
             p.l_tx_ready.set(left[(i + n - 1) % n].bucket >= beat_bytes);
-            for (int k = 0; k < 4; k++) p.rd[k].data.set_bytes(rd_next[i][k].data(), beat_bytes);
+            for (int k = 0; k < 4; k++) {
+                auto& q = replies[i][k];
+                bool v = !q.empty() && q.front().due <= cycle;
+                p.rd[k].rvalid.set(v);
+                if (v) p.rd[k].data.set_bytes(q.front().data.data(), beat_bytes);
+                p.rd[k].ready.set(!stall());
+            }
+            for (int k = 0; k < 2; k++) p.wr[k].ready.set(!stall());
         }
         for (auto& t : nodes) t->eval();
         // Handshakes and memory requests of this cycle.
@@ -207,14 +221,19 @@ struct Fabric {
                 inject(L, tmp.data(), tmp[beat_bytes] & 1);
             }
             for (int k = 0; k < 4; k++) {
-                if (p.rd[k].en.get()) {
+                auto& q = replies[i][k];
+                if (p.rd[k].rvalid.get()) q.pop_front();           // the engine always takes a reply
+                if (p.rd[k].en.get() && p.rd[k].ready.get()) {
                     uint64_t a = p.rd[k].addr.get() * static_cast<uint64_t>(beat_bytes);
-                    if (a + beat_bytes <= mem[i].size()) std::memcpy(rd_next[i][k].data(), &mem[i][a], beat_bytes);
-                    else std::memset(rd_next[i][k].data(), 0, beat_bytes);
+                    Reply r{cycle + mem_latency, std::vector<uint8_t>(beat_bytes, 0)};
+                    if (mem_jitter) r.due += std::uniform_int_distribution<int>(0, mem_jitter)(mem_rng);
+                    if (!q.empty()) r.due = std::max(r.due, q.back().due);
+                    if (a + beat_bytes <= mem[i].size()) std::memcpy(r.data.data(), &mem[i][a], beat_bytes);
+                    q.push_back(std::move(r));
                 }
             }
             for (int k = 0; k < 2; k++) {
-                if (p.wr[k].en.get()) {
+                if (p.wr[k].en.get() && p.wr[k].ready.get()) {
                     uint64_t a = p.wr[k].addr.get() * static_cast<uint64_t>(beat_bytes);
                     if (a + beat_bytes <= mem[i].size()) p.wr[k].data.get_bytes(&mem[i][a], beat_bytes);
                 }
@@ -241,14 +260,14 @@ void* fab_new(int n, uint64_t mem_bytes, int latency, double bytes_per_cycle, do
     auto* f = new Fabric();
     f->ctx = std::make_unique<VerilatedContext>();
     f->rng.seed(seed);
+    f->mem_rng.seed(seed ^ 0x9E3779B97F4A7C15ull);
     f->ports.resize(n);
     f->stats.resize(n);
-    f->rd_next.resize(n);
+    f->replies.resize(n);
     for (int i = 0; i < n; i++) {
         f->nodes.push_back(std::make_unique<Vnode>(f->ctx.get()));
         bind(f->nodes.back().get(), f->ports[i]);
         f->mem.emplace_back(mem_bytes, 0);
-        for (int k = 0; k < 4; k++) f->rd_next[i][k].assign(f->beat_bytes, 0);
     }
     f->right.resize(n);
     f->left.resize(n);
@@ -262,6 +281,15 @@ void* fab_new(int n, uint64_t mem_bytes, int latency, double bytes_per_cycle, do
 }
 
 void fab_free(void* p) { delete static_cast<Fabric*>(p); }
+
+// The node memory's timing: replies after latency + [0, jitter] cycles, in order; each port
+// refuses a request (ready low) with probability stall.
+void fab_set_mem(void* p, int latency, int jitter, double stall) {
+    auto* f = static_cast<Fabric*>(p);
+    f->mem_latency = latency < 1 ? 1 : latency;
+    f->mem_jitter = jitter < 0 ? 0 : jitter;
+    f->mem_stall = stall;
+}
 
 void fab_set_link(void* p, int i, int dir, double ber, double drop) {
     auto* f = static_cast<Fabric*>(p);

@@ -8,6 +8,7 @@ from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In
 
+from hw.collective.node import CollNode, node_kwargs
 from hw.core.card import Card
 from hw.dma.reader import AxiBurstReader
 
@@ -56,6 +57,7 @@ def reader_params(cfg):
 TOPS = {
     "card": lambda cfg: VitisCard(cfg),
     "hbm_reader": lambda cfg: AxiBurstReader(**reader_params(cfg)),
+    "coll_node": lambda cfg: CollNode(**node_kwargs(cfg)),
 }
 
 

@@ -10,10 +10,11 @@ import json
 import os
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from hw.collective.node import NodeParams, node_params
 
 from .ref import collective as ref
 from .toolchain import verilator_env, verilator_root
@@ -35,29 +36,6 @@ class LinkDead(RuntimeError):
 def BUS_FACTOR(op, n):
     """nccl-tests' bus bandwidth factor."""
     return 2 * (n - 1) / n if op == "allreduce" else (n - 1) / n
-
-
-@dataclass(frozen=True)
-class NodeParams:
-    data_bits: int
-    frame_beats: int
-    group: int           # chunks in flight per round (K)
-    rx_frames: int       # receive buffer and send window, frames
-    timeout: int
-    retries: int
-
-
-def node_params(cfg):
-    """Link-layer sizes for a config: K chunks cover the link latency, buffers hold 2K frames."""
-    D = cfg.link.data_bits
-    if D < 128:
-        from gen.config import ConfigError
-        raise ConfigError(f"link.data_bits: got {D}; the collective engine needs at least 128")
-    F = max(1, cfg.link.chunk_bytes // (D // 8))
-    K = -(-(cfg.link.latency_cycles + F + 48) // F)
-    R = 1 << (2 * K - 1).bit_length()
-    timeout = 4 * cfg.link.latency_cycles + 2 * R * (F + 1) + 256
-    return NodeParams(D, F, K, R, timeout, 8)
 
 
 def _ports_header(ports, data_bits):

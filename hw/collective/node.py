@@ -7,6 +7,8 @@ the N-card fabric simulation instantiates N times (with the node's memory modell
 on the card kernel it sits beside the core.
 """
 
+from dataclasses import dataclass
+
 from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -14,7 +16,37 @@ from amaranth.lib.wiring import In, Out
 from .engine import MAX_CARDS, MemRead, MemWrite, RingChannel, SegEntry
 from .link import Beat, LinkPort
 
-__all__ = ["CollNode"]
+__all__ = ["CollNode", "NodeParams", "node_params", "node_kwargs"]
+
+
+@dataclass(frozen=True)
+class NodeParams:
+    data_bits: int
+    frame_beats: int
+    group: int           # chunks in flight per round (K)
+    rx_frames: int       # receive buffer and send window, frames
+    timeout: int
+    retries: int
+
+
+def node_params(cfg):
+    """Link-layer sizes for a config: K chunks cover the link latency, buffers hold 2K frames."""
+    D = cfg.link.data_bits
+    if D < 128:
+        from gen.config import ConfigError
+        raise ConfigError(f"link.data_bits: got {D}; the collective engine needs at least 128")
+    F = max(1, cfg.link.chunk_bytes // (D // 8))
+    K = -(-(cfg.link.latency_cycles + F + 48) // F)
+    R = 1 << (2 * K - 1).bit_length()
+    timeout = 4 * cfg.link.latency_cycles + 2 * R * (F + 1) + 256
+    return NodeParams(D, F, K, R, timeout, 8)
+
+
+def node_kwargs(cfg):
+    """CollNode's constructor arguments for a config."""
+    p = node_params(cfg)
+    return dict(data_bits=p.data_bits, frame_beats=p.frame_beats, window=p.rx_frames,
+                rx_frames=p.rx_frames, timeout=p.timeout, retries=p.retries)
 
 
 class CollNode(wiring.Component):

@@ -51,6 +51,7 @@ bench: setup
 	$(GPTFPGA) bench core --config configs/tiny.yaml
 	$(GPTFPGA) bench core --config configs/medium.yaml
 	$(GPTFPGA) bench collective --config configs/tiny.yaml
+	$(GPTFPGA) bench run --config configs/tiny.yaml
 
 package: setup
 	$(GPTFPGA) package $(CONFIG)

@@ -91,6 +91,9 @@ def cmd_bench(args):
     if args.what == "core":
         result = bench.bench_core(cfg, positions=args.positions, log=log)
         table = core_table([result])
+    elif args.what == "run":
+        result = bench.bench_run(cfg, log=log)
+        table = bench.run_table(result)
     else:
         result = bench.bench_collective(cfg, log=log)
         table = bench.collective_table(result)
@@ -279,8 +282,9 @@ def build_parser():
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     s.set_defaults(func=cmd_sim)
     b = sub.add_parser("bench", help="performance of the card in Verilator (cycles from its counters)")
-    b.add_argument("what", choices=["core", "collective"],
-                   help="core: one card's counters; collective: busbw against size on the ring")
+    b.add_argument("what", choices=["core", "collective", "run"],
+                   help="core: one card's counters; collective: busbw against size on the ring; "
+                        "run: the demo model generating on the card")
     b.add_argument("--config", required=True, help="appliance config (YAML)")
     b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
     b.add_argument("--json", action="store_true", help="print one JSON object")

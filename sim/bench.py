@@ -12,7 +12,8 @@ import numpy as np
 
 from hw.isa import encode
 
-__all__ = ["bench_core", "bench_collective", "plot_collective", "collective_table"]
+__all__ = ["bench_core", "bench_collective", "plot_collective", "collective_table", "bench_run",
+           "run_table"]
 
 # GPT-2 small's matrices (out x in): c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
 GPT2_SMALL_MATVECS = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
@@ -236,3 +237,38 @@ def _size(b):
         if b >= 1 << k:
             return f"{b >> k} {unit}"
     return f"{b} B"
+
+
+# -- the runtime ------------------------------------------------------------------------------
+def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_tokens=16, log=print):
+    """The demo model through `gptfpga run`'s loop on the Verilated card (one card): prefill
+    and decode cycles per token, HBM utilization over whole decode tokens, wall time."""
+    from host.compiler import CompiledModel
+    from host.model import load_checkpoint
+    from host.runtime import DEMO_MODEL, generate
+    from host.tokenizer import load_tokenizer
+    from sim.system import RtlDevice
+    cfg1 = cfg.replace(cards=1)
+    model = load_checkpoint(DEMO_MODEL)
+    ids = load_tokenizer(DEMO_MODEL).encode(prompt)
+    cm = CompiledModel(cfg1, model)
+    out, _, stats = generate(cfg1, cm, RtlDevice(cfg1), ids, new_tokens)
+    fig = stats.summary(cfg1)
+    log(f"  demo model, {len(ids)}-token prompt, {len(out)} tokens: decode "
+        f"{fig['decode_cycles_per_token']} cycles/token, prefill {fig['prefill_cycles_per_token']}")
+    return {"config": cfg.name, "cards": 1, "model": "demo (d_model 128, 4 layers, 4 heads)",
+            "prompt_tokens": len(ids), "generated": len(out),
+            "model_bytes_per_token": int(model.shape.n_params * 2), **fig}
+
+
+def run_table(result):
+    rows = [("prefill cycles per prompt token", "prefill_cycles_per_token"),
+            ("decode cycles per token", "decode_cycles_per_token"),
+            ("decode ms per token at the clock", "decode_ms_per_token_at_clock"),
+            ("HBM utilization over whole decode tokens", "hbm_utilization_decode"),
+            ("HBM bytes per decode token", "hbm_bytes_per_token"),
+            ("link bytes per decode token", "link_bytes_per_token"),
+            ("simulation wall seconds per decode token", "wall_seconds_per_decode_token")]
+    lines = [f"| figure | {result['config']}, {result['cards']} card |", "|---|---|"]
+    lines += [f"| {label} | {result[key]} |" for label, key in rows]
+    return "\n".join(lines)

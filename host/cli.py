@@ -184,7 +184,7 @@ def cmd_run(args):
 
     from .compiler import CompiledModel
     from .model import load_checkpoint
-    from .runtime import DEMO_MODEL, Sampling, eos_id, generate, make_device
+    from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_device
     from .tokenizer import load_tokenizer
     cfg = load_config(args.config)
     cards = args.cards or cfg.cards
@@ -195,8 +195,6 @@ def cmd_run(args):
     model_dir = Path(args.model) if args.model else DEMO_MODEL
     model = load_checkpoint(model_dir)
     tok = load_tokenizer(model_dir)
-    if args.max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens: got {args.max_new_tokens}; allowed: at least 1")
     if args.top_k and not args.temperature:
         raise UserError("--top-k: needs --temperature (greedy decoding ignores it)")
     sampling = Sampling(temperature=args.temperature or 0.0, top_k=args.top_k or 0, seed=args.seed)
@@ -209,6 +207,7 @@ def cmd_run(args):
                             f"token ids, e.g. 464,2068,7586") from None
     else:
         ids = tok.encode(args.prompt)
+    check_request(model.shape, ids, args.max_new_tokens)
     cm = CompiledModel(cfg, model)
     dev = make_device(cfg, args.backend, xclbin=args.xclbin)
     stream = not args.json

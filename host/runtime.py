@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import UserError
 
-__all__ = ["Sampling", "GenStats", "generate", "make_device", "eos_id", "DEMO_MODEL"]
+__all__ = ["Sampling", "GenStats", "generate", "check_request", "make_device", "eos_id", "DEMO_MODEL"]
 
 DEMO_MODEL = Path(__file__).resolve().parent / "demo"
 
@@ -125,7 +125,16 @@ def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), e
 
     ``on_token(id)`` is called as each token is chosen. Stops early at ``eos``.
     """
-    sh = cm.sh
+    check_request(cm.sh, prompt_ids, max_new_tokens)
+    rng = np.random.default_rng(sampling.seed)
+    return _generate(cm, dev, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token,
+                     keep_logits, rng)
+
+
+def check_request(sh, prompt_ids, max_new_tokens):
+    """One-line errors for a prompt and a token budget the model cannot take."""
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens: got {max_new_tokens}; allowed: at least 1")
     if not prompt_ids:
         raise UserError("--prompt: empty; give at least one token")
     bad = [t for t in prompt_ids if not 0 <= t < sh.vocab]
@@ -137,9 +146,12 @@ def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), e
                         f"{sh.n_positions} positions")
     if total > sh.n_positions:
         raise UserError(f"--max-new-tokens: {max_new_tokens} after a {len(prompt_ids)}-token prompt "
-                        f"needs {total + 1} positions; the model's context is {sh.n_positions} "
+                        f"needs {total} positions; the model's context is {sh.n_positions} "
                         f"(at most {sh.n_positions - len(prompt_ids) + 1} new tokens)")
-    rng = np.random.default_rng(sampling.seed)
+
+
+def _generate(cm, dev, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token, keep_logits,
+              rng):
     stats = GenStats(prompt_tokens=len(prompt_ids))
     cm.load(dev)
     t0 = time.monotonic()

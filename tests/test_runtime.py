@@ -143,6 +143,8 @@ def test_cli_iss_json(tmp_path):
     (["--prompt-ids", "1,2,99999"], "outside the vocabulary"),
     (["--prompt-ids", "1,x"], "--prompt-ids"),
     (["--max-new-tokens", "500"], "context"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--prompt", ""], "--prompt"),
     (["--prompt-ids", ",".join(["5"] * 200)], "context"),
     (["--temperature", "-1"], "--temperature"),
     (["--top-k", "3"], "--top-k"),

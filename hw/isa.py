@@ -110,9 +110,20 @@ FORMATS = (
         F("bcast", 1, "src2 is one word broadcast to every element"),
     ), "dst[i] = op(src1[i], src2[i or 0]), i < n; reductions write one word."),
     Format("COLL", 8, "coll", (
-        F("cop", 4, "collective operation (reserved for the collective engine)"),
-    ), "Reserved for the ring collectives (all-gather, reduce-scatter, all-reduce); illegal "
-       "until the collective engine is part of the card."),
+        F("cop", 2, "0 all-gather, 1 reduce-scatter, 2 all-reduce"),
+        F("src", 16, "first VSP word of this card's input"),
+        F("dst", 16, "first VSP word of the result"),
+        F("n", 16, "fp32 words of each card's input (>= 1)"),
+    ), "A ring collective over every card of the appliance, all of which execute the same COLL "
+       "(the same cop and n) as their k-th COLL. Words are grouped in beats of B = "
+       "link.data_bits / 32 (the input zero-padded to nb = ceil(n / B) beats) and the "
+       "reductions are fp32 in the order of docs/collectives.md (sim/ref/collective.py), over "
+       "the config's ring (one direction, or both for a bidirectional ring). All-gather: "
+       "VSP[dst + j*nb*B + i] = card j's src[i]. All-reduce: VSP[dst + i] = the reduced word i, "
+       "i < nb*B. Reduce-scatter: the words of this card's segments only, at their offsets "
+       "from dst. Executed by the ISS's ring of cards; the card kernel reports it as "
+       "ILLEGAL_OPCODE until the collective engine is part of it. Peers that do not reach a "
+       "matching COLL end with RING_ERROR."),
 )
 
 FORMAT_BY_NAME = {f.name: f for f in FORMATS}
@@ -158,6 +169,8 @@ ERRORS = {
                   "aligned to core.width"),
     13: ("OVERLAP", "source and destination ranges of one instruction overlap (other than "
                     "exactly in place)"),
+    14: ("RING_ERROR", "a collective whose peers did not all reach a matching COLL, or a ring "
+                       "link that gave up"),
 }
 ERROR_CODES = {name: code for code, (name, _) in ERRORS.items()}
 

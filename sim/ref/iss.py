@@ -68,7 +68,20 @@ class Iss:
 
     # -- execution ------------------------------------------------------------------------
     def run(self, prog_addr, prog_len):
-        """Run from ``prog_addr`` (channel 0 byte address); returns the status word."""
+        """Run from ``prog_addr`` (channel 0 byte address); returns the status word.
+
+        A card on its own has no ring: COLL is an illegal opcode, as on the card kernel."""
+        gen = self.run_steps(prog_addr, prog_len)
+        try:
+            _insn = next(gen)
+            while True:
+                _insn = gen.throw(IssError("ILLEGAL_OPCODE"))
+        except StopIteration as stop:
+            return stop.value
+
+    def run_steps(self, prog_addr, prog_len):
+        """Generator form of ``run``: yields each COLL instruction for the ring to execute (or
+        to throw an IssError into); returns the status word."""
         for k in self.counters:
             self.counters[k] = 0
         self.fifo = []
@@ -90,7 +103,10 @@ class Iss:
                         raise IssError("WEIGHT_LEFTOVER")
                     self.counters["insns"] += 1
                     return pc << 8
-                self.step(insn)
+                if insn.op == "COLL":
+                    yield insn
+                else:
+                    self.step(insn)
                 self.counters["insns"] += 1
                 pc += 1
         except IssError as e:

@@ -1,0 +1,120 @@
+"""N cards' ISSs joined in a ring: COLL instructions executed across all of them.
+
+Each card runs its own program (sim/ref/iss.py) until its next COLL; when every card has
+reached one, and they agree (same cop and n), the collective runs on their scratchpads with
+the arithmetic and reduction order of sim/ref/collective.py, and every card goes on. A card
+that ends (HALT or an error) while others wait, or peers that disagree, end the waiting cards
+with RING_ERROR. The byte counters count the link traffic the ring schedule sends.
+"""
+
+import numpy as np
+
+from hw import regs
+from hw.isa import program_bytes
+
+from . import collective as ref
+from .iss import IssDevice, IssError
+
+__all__ = ["IssRing", "COPS"]
+
+COPS = {0: "allgather", 1: "reducescatter", 2: "allreduce"}
+
+
+class IssRing:
+    """``cards`` ISS devices (``.devices``) for ``cfg``, run together by ``run``."""
+
+    def __init__(self, cfg, cards=None):
+        self.cfg = cfg
+        self.N = cards or cfg.cards
+        self.devices = [IssDevice(cfg) for _ in range(self.N)]
+        self.B = cfg.link.data_bits // 32
+        self.bidirectional = cfg.topology == "bidirectional_ring"
+
+    def run(self, programs, prog_addr):
+        """Load ``programs[i]`` into card i at ``prog_addr`` and run them all; returns the
+        status words. Counters are read from each device as after a run."""
+        gens, status, waiting = [], [None] * self.N, [None] * self.N
+        for dev, words in zip(self.devices, programs, strict=True):
+            dev.write_hbm(0, prog_addr, np.frombuffer(program_bytes(words), np.uint8))
+            dev.write_reg64(regs.ARGS["prog_addr"][0], prog_addr)
+            dev.write_reg(regs.ARGS["prog_len"][0], len(words))
+            gens.append(dev.iss.run_steps(prog_addr, len(words)))
+
+        def resume(i, exc=None):
+            try:
+                waiting[i] = gens[i].throw(exc) if exc else next(gens[i])
+            except StopIteration as stop:
+                waiting[i], status[i] = None, stop.value
+
+        for i in range(self.N):
+            resume(i)
+        while any(w is not None for w in waiting):
+            live = [w for w in waiting if w is not None]
+            agree = (len(live) == self.N and
+                     len({(w.fields["cop"], w.fields["n"]) for w in live}) == 1)
+            if not agree:
+                for i in range(self.N):
+                    if waiting[i] is not None:
+                        resume(i, IssError("RING_ERROR"))
+                continue
+            errors = self._collective(waiting)
+            for i in range(self.N):
+                resume(i, errors[i])
+        for dev, st in zip(self.devices, status, strict=True):
+            dev._status, dev._done = st, True
+        return status
+
+    def _collective(self, insns):
+        """Execute one COLL on every card; returns a per-card IssError or None."""
+        N, B = self.N, self.B
+        f0 = insns[0].fields
+        op, n = COPS.get(f0["cop"]), f0["n"]
+        errors = [None] * N
+        if op is None:
+            return [IssError("ILLEGAL_OPCODE")] * N
+        if n == 0:
+            return [IssError("BAD_FIELD")] * N
+        nb = -(-n // B)
+        out_words = N * nb * B if op == "allgather" else nb * B
+        P = self.cfg.core.vector_lanes
+        for i, insn in enumerate(insns):
+            src, dst = insn.fields["src"], insn.fields["dst"]
+            vsp = self.devices[i].iss.vsp
+            if src % P or dst % P:
+                errors[i] = IssError("ALIGN")
+            elif src + n > len(vsp) or dst + out_words > len(vsp):
+                errors[i] = IssError("VSP_RANGE")
+            elif src != dst and src < dst + out_words and dst < src + n:
+                errors[i] = IssError("OVERLAP")
+        if any(errors):
+            return [e or IssError("RING_ERROR") for e in errors]
+        inputs = np.stack([d.iss.vsp[insn.fields["src"]:insn.fields["src"] + n]
+                           for d, insn in zip(self.devices, insns, strict=True)])
+        outs = ref.reference(op, inputs, B, bidirectional=self.bidirectional)
+        parts = ref.halves(nb, self.bidirectional)
+        for i, (dev, insn) in enumerate(zip(self.devices, insns, strict=True)):
+            vsp, dst = dev.iss.vsp, insn.fields["dst"]
+            if op == "reducescatter":
+                k = 0
+                for p0, pb, _d in parts:
+                    s0, sb = ref.segments(pb, N)[i]
+                    vsp[dst + (p0 + s0) * B:dst + (p0 + s0 + sb) * B] = outs[i][k:k + sb * B]
+                    k += sb * B
+            else:
+                vsp[dst:dst + out_words] = outs[i]
+            dev.iss.counters["link_tx_bytes"] += self._sent_beats(op, i, nb) * B * 4
+            dev.iss.counters["link_rx_bytes"] += self._sent_beats(op, (i - 1) % N, nb) * B * 4
+        return errors
+
+    def _sent_beats(self, op, i, nb):
+        """Beats card i sends in the ring schedule (both directions together)."""
+        N, total = self.N, 0
+        for _p0, pb, d in ref.halves(nb, self.bidirectional):
+            seg = ref.segments(pb, N)
+            if op == "allgather":
+                total += (N - 1) * pb
+                continue
+            total += pb - seg[i][1]                          # reduce-scatter: all but its own
+            if op == "allreduce":
+                total += pb - seg[(i + d) % N][1]            # all-gather: all but the next's
+        return total

@@ -182,15 +182,13 @@ def cmd_run(args):
 
     import numpy as np
 
-    from .compiler import CompiledModel
     from .model import load_checkpoint
-    from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_device
+    from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_cards
     from .tokenizer import load_tokenizer
     cfg = load_config(args.config)
     cards = args.cards or cfg.cards
-    if cards != 1:
-        raise UserError(f"--cards: {cards} (the config's {cfg.cards} unless given); allowed today: 1 "
-                        f"(several cards need the collective instructions in the card, not built yet)")
+    if not 1 <= cards <= 16:
+        raise UserError(f"--cards: got {cards}; allowed: 1..16")
     cfg = cfg.replace(cards=cards)
     model_dir = Path(args.model) if args.model else DEMO_MODEL
     model = load_checkpoint(model_dir)
@@ -208,8 +206,7 @@ def cmd_run(args):
     else:
         ids = tok.encode(args.prompt)
     check_request(model.shape, ids, args.max_new_tokens)
-    cm = CompiledModel(cfg, model)
-    dev = make_device(cfg, args.backend, xclbin=args.xclbin)
+    appliance = make_cards(cfg, model, args.backend, cards, xclbin=args.xclbin)
     stream = not args.json
     printed = [""]
     gen = []
@@ -224,7 +221,7 @@ def cmd_run(args):
 
     if stream:
         print(args.prompt if args.prompt_ids is None else tok.decode(ids), end="", flush=True)
-    out, logits, stats = generate(cfg, cm, dev, ids, args.max_new_tokens, sampling=sampling,
+    out, logits, stats = generate(cfg, appliance, None, ids, args.max_new_tokens, sampling=sampling,
                                   eos=eos_id(model_dir), timeout_s=args.timeout, on_token=on_token,
                                   keep_logits=bool(args.dump_logits))
     if args.dump_logits:
@@ -236,7 +233,7 @@ def cmd_run(args):
         print(json.dumps(result))
     else:
         print()
-        print(f"-- {len(out)} tokens on {args.backend} ({cfg.name}, {cards} card)")
+        print(f"-- {len(out)} tokens on {args.backend} ({cfg.name}, {cards} card{'s' if cards > 1 else ''})")
         if args.backend == "iss":
             print("   (the ISS counts bytes, not cycles: use --backend rtl for cycle figures)")
         else:

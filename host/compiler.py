@@ -99,9 +99,12 @@ class LayerRows:
 
 
 class CompiledModel:
-    """A GPT-2 compiled for one card of ``cfg`` (all heads and columns on this card)."""
+    """A GPT-2 compiled for card ``card`` of ``cards`` (intra-layer, as DFX does: this card's
+    share of the heads, of the MLP's columns and of the vocabulary; an all-reduce (COLL) after
+    each projection gives every card the whole residual stream)."""
 
-    def __init__(self, cfg, model, *, max_tokens=None, dump_hidden=False, all_logits=False):
+    def __init__(self, cfg, model, *, card=0, cards=1, max_tokens=None, dump_hidden=False,
+                 all_logits=False):
         self.cfg, self.model = cfg, model
         sh = model.shape
         c = cfg.core
@@ -110,8 +113,21 @@ class CompiledModel:
         self.sh = sh
         self.dump_hidden = dump_hidden
         self._check_limits()
+        self.card, self.cards = card, cards
+        if sh.n_head % cards or sh.d_ff % cards:
+            raise UserError(f"--cards: {cards} cards cannot share the model's {sh.n_head} heads and "
+                            f"{sh.d_ff} MLP columns evenly; allowed: a divisor of both")
+        self.H, self.F = sh.n_head // cards, sh.d_ff // cards       # this card's share
+        self.h0, self.f0 = card * self.H, card * self.F
+        vl = _up(-(-sh.vocab // cards), self.L)
+        self.v0 = card * vl                                          # this card's vocabulary slice
+        self.Vn = min(vl, sh.vocab - self.v0)
+        if self.Vn < 1:
+            raise UserError(f"--cards: {cards} cards are more than the vocabulary of {sh.vocab} "
+                            f"can be split over")
+        self.B = cfg.link.data_bits // 32                            # COLL beat, words
         L, W = self.L, self.W
-        d, H, hd, F = sh.d_model, sh.n_head, sh.head_dim, sh.d_ff
+        d, H, hd, F = sh.d_model, self.H, sh.head_dim, self.F
         self.hdp = _up(hd, W)                 # a head's q/k/v padded to whole blocks
         self.dq = H * self.hdp
         self.dS = _up(d, W)                   # token strides, whole XB blocks
@@ -119,7 +135,7 @@ class CompiledModel:
         self.fS = _up(F, W)
         # Scores per (token, head): the K MATVEC computes whole groups of row blocks.
         self.nS = _up(sh.n_positions, max(W, L * GROUP))
-        self.vS = _up(sh.vocab, L)
+        self.vS = _up(self.Vn, L)
         self.all_logits = all_logits
         # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit).
         for T in ([max_tokens] if max_tokens else range(8, 0, -1)):
@@ -151,8 +167,9 @@ class CompiledModel:
 
     def _build_image(self):
         sh, w = self.sh, self.model.weights
-        d, H, hd = sh.d_model, sh.n_head, sh.head_dim
+        d, H, hd = sh.d_model, self.H, sh.head_dim
         hdp, dq, L, W = self.hdp, self.dq, self.L, self.W
+        h0, f0, F = self.h0, self.f0, self.F
         img = self.img
         self.const_row, _ = img.alloc(self.S, np.array([1.0 / d, sh.eps], np.float32))
         self.tok_rows = max(1, -(-2 * d // self.S))
@@ -172,28 +189,31 @@ class CompiledModel:
             bqkv = np.zeros(3 * dq, np.float32)
             for part in range(3):
                 for h in range(H):
-                    src = slice(part * d + h * hd, part * d + (h + 1) * hd)
+                    g = h0 + h                                 # the model's head index
+                    src = slice(part * d + g * hd, part * d + (g + 1) * hd)
                     dst = slice(part * dq + h * hdp, part * dq + h * hdp + hd)
                     s = scale if part == 0 else 1.0
                     qkv[dst] = wa[src] * s
                     bqkv[dst] = ba[src] * s
             wproj = np.zeros((d, dq), np.float32)          # input columns in the padded layout
             for h in range(H):
-                wproj[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, h * hd:(h + 1) * hd]
+                g = h0 + h
+                wproj[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
             params = self._param_vector([w[p + "ln_1.weight"], w[p + "ln_1.bias"], bqkv,
                                          w[p + "attn.c_proj.bias"], w[p + "ln_2.weight"],
-                                         w[p + "ln_2.bias"], w[p + "mlp.c_fc.bias"],
+                                         w[p + "ln_2.bias"], w[p + "mlp.c_fc.bias"][f0:f0 + F],
                                          w[p + "mlp.c_proj.bias"]])
             prow, _ = img.alloc(params.nbytes, params)
             self._layer_offsets, self._layer_len = self._param_offsets, self._param_len
             rows = LayerRows(
                 params=prow, qkv=self._matrix(qkv), proj=self._matrix(wproj),
-                fc=self._matrix(w[p + "mlp.c_fc.weight"].T), fc2=self._matrix(w[p + "mlp.c_proj.weight"].T),
+                fc=self._matrix(w[p + "mlp.c_fc.weight"].T[f0:f0 + F]),
+                fc2=self._matrix(w[p + "mlp.c_proj.weight"].T[:, f0:f0 + F]),
                 k=[], v=[])
             self.layers.append(rows)
         lnf = self._param_vector([w["ln_f.weight"], w["ln_f.bias"]])
         self.lnf_row, _ = img.alloc(lnf.nbytes, lnf)
-        self.head = self._matrix(w["wte.weight"])
+        self.head = self._matrix(w["wte.weight"][self.v0:self.v0 + self.Vn])
         # The KV caches, one contiguous region (zeroed when a model is loaded).
         kb = _up(sh.n_positions, L * GROUP) // L * (hdp // W)
         vb = _up(sh.n_positions, W) // W * (hdp // L)
@@ -226,22 +246,22 @@ class CompiledModel:
 
     def _alloc_onchip(self):
         c, sh, T = self.cfg.core, self.sh, self.T
-        d, F = sh.d_model, sh.d_ff
+        d, F = sh.d_model, self.F
         v = Vsp(c.vsp_words, self.P, "VSP")
         self.v_const = v(self.P)
         self.v_x = v(T * self.dS)
         self.v_a = v(T * self.dS)
-        self.v_y = v(T * self.dS)
+        self.v_y = v(_up(T * self.dS, self.B))     # all-reduced in place: whole COLL beats
         self.v_tmp = v(self.dS)
         self.v_qkv = v(T * self.qS)
-        self.v_sc = v(T * sh.n_head * self.nS)
+        self.v_sc = v(T * self.H * self.nS)
         self.v_att = v(T * _up(self.dq, self.W))
         self.v_h = v(T * self.fS)
         plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters.
         self.v_pars = (v(plen), v(plen))
-        self.v_scal = v((4 + 2 * sh.n_head) * T * self.P)
+        self.v_scal = v((4 + 2 * self.H) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
         else:
@@ -253,7 +273,7 @@ class CompiledModel:
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
         self.x_q = xb(T * self.dq)
-        self.x_p = xb(T * sh.n_head * self.nS)
+        self.x_p = xb(T * self.H * self.nS)
         self.x_att = xb(T * _up(self.dq, self.W))
         self.x_h = xb(T * self.fS)
 
@@ -282,7 +302,7 @@ class CompiledModel:
         T = T if self.all_logits else 1
         rows = -(-T * self.vS * 4 // self.S)
         raw = read_stripes(dev, self.cfg, self.logits_row, rows)[:T * self.vS * 4].view(np.float32)
-        return raw.reshape(T, self.vS)[:, :self.sh.vocab]
+        return raw.reshape(T, self.vS)[:, :self.Vn]
 
     def read_hidden(self, dev, T):
         from sim.progs import read_stripes
@@ -396,7 +416,7 @@ class _Emitter:
             then(t, r0 * L, n * L)
 
     def scalar(self, t, k):
-        return self.cm.v_scal + ((4 + 2 * self.cm.sh.n_head) * t + k) * self.cm.P
+        return self.cm.v_scal + ((4 + 2 * self.cm.H) * t + k) * self.cm.P
 
     def layer_norm(self, t, src, dst, g, b):
         cm, d = self.cm, self.cm.sh.d_model
@@ -416,7 +436,7 @@ class _Emitter:
 
     def program(self):
         cm, T, sh = self.cm, self.T, self.cm.sh
-        d, H, hdp, dq = sh.d_model, sh.n_head, cm.hdp, cm.dq
+        d, H, hdp, dq = sh.d_model, cm.H, cm.hdp, cm.dq
         L, W, P = cm.L, cm.W, cm.P
         dS, qS, nS, fS = cm.dS, cm.qS, cm.nS, cm.fS
         aS = _up(dq, W)
@@ -507,7 +527,11 @@ class _Emitter:
             for h in range(H):
                 self.matvec(vmat[h], cm.x_p + h * nS, HN, cm.v_att + h * hdp, aS, group=rbv, kv=True)
             self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
-            self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj, then=residual)
+            if cm.cards == 1:
+                self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj, then=residual)
+            else:
+                self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS)
+                self.all_reduce_residual(bproj)
             for t in range(T):
                 self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g2, b2)
             self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
@@ -515,7 +539,11 @@ class _Emitter:
             if lr.fc[1] * L < fS:       # columns of x_h past the matrix's last row block
                 for t in range(T):
                     gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
-            self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2, then=residual)
+            if cm.cards == 1:
+                self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2, then=residual)
+            else:
+                self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS)
+                self.all_reduce_residual(bfc2)
             self.dump(li + 1)
         # Final LayerNorm and the LM head (the token embedding, tied).
         par = cm.v_pars[len(cm.layers) % 2]
@@ -534,6 +562,16 @@ class _Emitter:
                 self.store_f32(buf, n * L, cm.logits_row + r0 * L // per_row)
         self.e("HALT")
         return self.schedule()
+
+    def all_reduce_residual(self, bias):
+        """Every card holds a partial sum of the projection in v_y: add them up over the ring
+        (in place), then the bias once, then the residual."""
+        cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
+        self.e("COLL", cop=2, src=cm.v_y, dst=cm.v_y, n=T * dS)
+        for t in range(T):
+            y = cm.v_y + t * dS
+            self.vec("ADD", y, y, d, src2=bias)
+        self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
 
     def store_f32(self, vsp, n, row):
         per_row = self.cm.S // 4

@@ -16,7 +16,8 @@ import numpy as np
 
 from .errors import UserError
 
-__all__ = ["Sampling", "GenStats", "generate", "check_request", "make_device", "eos_id", "DEMO_MODEL"]
+__all__ = ["Sampling", "GenStats", "generate", "check_request", "make_device", "make_cards", "Cards",
+           "eos_id", "DEMO_MODEL"]
 
 DEMO_MODEL = Path(__file__).resolve().parent / "demo"
 
@@ -92,19 +93,60 @@ def eos_id(model_dir):
     return int(v) if isinstance(v, int) else None
 
 
-def _run(dev, cm, tokens, pos0, timeout_s):
-    from sim.device import DeviceError, DeviceTimeout, status_name
-    try:
-        c = dev.run(cm.step(tokens, pos0), cm.prog_addr, timeout_s=timeout_s)
-    except DeviceTimeout:
-        raise UserError(f"device: the step at position {pos0} did not finish within "
-                        f"{timeout_s:g} s (--timeout)") from None
-    except DeviceError as e:
-        raise UserError(f"device: {e}") from None
-    if c["status"] & 0xFF:
-        raise UserError(f"device: the step at position {pos0} stopped with status "
-                        f"{status_name(c['status'])} (pc {c['status'] >> 8})")
-    return c
+class Cards:
+    """A model compiled for N cards (one CompiledModel per card) on their devices: one card
+    alone, or the ISS ring (``ring``) whose COLLs join them."""
+
+    def __init__(self, cms, devices, ring=None):
+        self.cms, self.devices, self.ring = list(cms), list(devices), ring
+        self.T = self.cms[0].T
+
+    def load(self):
+        for cm, dev in zip(self.cms, self.devices, strict=True):
+            cm.load(dev)
+
+    def step(self, tokens, pos0, timeout_s):
+        """One step on every card; returns the counters summed over the cards (cycles: the
+        slowest card's)."""
+        from sim.device import DeviceError, DeviceTimeout, status_name
+        progs = [cm.step(tokens, pos0) for cm in self.cms]
+        try:
+            if self.ring is None:
+                counters = [self.devices[0].run(progs[0], self.cms[0].prog_addr, timeout_s=timeout_s)]
+            else:
+                self.ring.run(progs, [cm.prog_addr for cm in self.cms])
+                counters = [dev.counters() for dev in self.devices]
+        except DeviceTimeout:
+            raise UserError(f"device: the step at position {pos0} did not finish within "
+                            f"{timeout_s:g} s (--timeout)") from None
+        except DeviceError as e:
+            raise UserError(f"device: {e}") from None
+        for k, c in enumerate(counters):
+            if c["status"] & 0xFF:
+                raise UserError(f"device: card {k}: the step at position {pos0} stopped with status "
+                                f"{status_name(c['status'])} (pc {c['status'] >> 8})")
+        total = {k: sum(c[k] for c in counters) for k in counters[0]}
+        total["cycles"] = max(c["cycles"] for c in counters)
+        return total
+
+    def logits(self):
+        """The last position's logits over the whole vocabulary (each card holds a slice)."""
+        return np.concatenate([cm.read_logits(dev, 1)[-1] for cm, dev in zip(self.cms, self.devices,
+                                                                            strict=True)])
+
+
+def make_cards(cfg, model, backend, cards, *, xclbin=None):
+    """Compile ``model`` for ``cards`` cards and put it on the backend's devices."""
+    from .compiler import CompiledModel
+    cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
+    if cards == 1:
+        return Cards(cms, [make_device(cfg, backend, xclbin=xclbin)])
+    if backend != "iss":
+        raise UserError(f"--cards: {cards} cards on --backend {backend}: not yet (the card kernel "
+                        f"has no collective engine inside it); several cards run on --backend iss")
+    from sim.ref.ring import IssRing
+    ring = IssRing(cfg, cards)
+    return Cards(cms, ring.devices, ring)
 
 
 def pick(logits, sampling, rng):
@@ -123,11 +165,13 @@ def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), e
              timeout_s=600.0, on_token=None, keep_logits=False):
     """Generate up to ``max_new_tokens`` after ``prompt_ids``; returns (ids, logits, stats).
 
+    ``cm`` and ``dev``: one CompiledModel and its device, or ``cm`` a Cards (``dev`` None).
     ``on_token(id)`` is called as each token is chosen. Stops early at ``eos``.
     """
-    check_request(cm.sh, prompt_ids, max_new_tokens)
+    cards = cm if isinstance(cm, Cards) else Cards([cm], [dev])
+    check_request(cards.cms[0].sh, prompt_ids, max_new_tokens)
     rng = np.random.default_rng(sampling.seed)
-    return _generate(cm, dev, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token,
+    return _generate(cards, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token,
                      keep_logits, rng)
 
 
@@ -150,16 +194,16 @@ def check_request(sh, prompt_ids, max_new_tokens):
                         f"(at most {sh.n_positions - len(prompt_ids) + 1} new tokens)")
 
 
-def _generate(cm, dev, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token, keep_logits,
+def _generate(cards, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token, keep_logits,
               rng):
     stats = GenStats(prompt_tokens=len(prompt_ids))
-    cm.load(dev)
+    cards.load()
     t0 = time.monotonic()
-    for p in range(0, len(prompt_ids), cm.T):
-        chunk = prompt_ids[p:p + cm.T]
-        stats.prefill_steps.append(_run(dev, cm, chunk, p, timeout_s))
+    for p in range(0, len(prompt_ids), cards.T):
+        chunk = prompt_ids[p:p + cards.T]
+        stats.prefill_steps.append(cards.step(chunk, p, timeout_s))
     stats.wall_prefill = time.monotonic() - t0
-    logits = cm.read_logits(dev, 1)[-1]
+    logits = cards.logits()
     out, all_logits = [], []
     pos = len(prompt_ids)
     t0 = time.monotonic()
@@ -172,8 +216,8 @@ def _generate(cm, dev, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_
             on_token(tok)
         if len(out) >= max_new_tokens or (eos is not None and tok == eos):
             break
-        stats.decode_steps.append(_run(dev, cm, [tok], pos, timeout_s))
-        logits = cm.read_logits(dev, 1)[-1]
+        stats.decode_steps.append(cards.step([tok], pos, timeout_s))
+        logits = cards.logits()
         pos += 1
     stats.wall_decode = time.monotonic() - t0
     return out, (np.stack(all_logits) if keep_logits else None), stats

@@ -64,19 +64,27 @@ def _greedy_float64(model, ids, steps):
     return out, np.stack(logits)
 
 
-def test_iss_matches_float64(demo):
-    from sim.ref.iss import IssDevice
+@pytest.mark.parametrize("cards", [1, 2, 4])
+def test_iss_matches_float64(demo, cards):
+    """1 card, and the model split over 2 and 4 cards of the ISS ring (heads, MLP columns and
+    vocabulary shared out; all-reduces after the projections)."""
+    from host.runtime import make_cards
     cfg, model, tok = demo
     ids = tok.encode(PROMPT)
-    cm = CompiledModel(cfg, model)
-    out, logits, stats = generate(cfg, cm, IssDevice(cfg), ids, 32, keep_logits=True)
+    appliance = make_cards(cfg.replace(cards=cards), model, "iss", cards)
+    out, logits, stats = generate(cfg, appliance, None, ids, 32, keep_logits=True)
     want, want_logits = _greedy_float64(model, ids, 32)
-    assert out == want, f"greedy tokens differ: {out} vs {want}"
+    assert out == want, f"{cards} cards: greedy tokens differ: {out} vs {want}"
     spread = want_logits.max(-1) - want_logits.min(-1)
     err = (np.abs(logits - want_logits).max(-1) / spread).max()
-    print(f"ISS vs float64: worst logit error {err:.2e} of the spread over 32 steps")
+    print(f"ISS on {cards} card(s) vs float64: worst logit error {err:.2e} of the spread over 32 steps")
     assert err < LOGIT_TOL
     assert len(stats.decode_steps) == 31 and stats.prompt_tokens == len(ids)
+    link = stats.summary(cfg)["link_bytes_per_token"]
+    # two all-reduces per layer of d_model fp32 words, 2(N-1)/N of them sent by each card
+    B = cfg.link.data_bits // 32
+    msg = -(-model.shape.d_model // B) * B * 4
+    assert link == 2 * model.shape.n_layer * 2 * (cards - 1) * msg
 
 
 def _rtl_vs_iss(demo, steps):
@@ -148,12 +156,14 @@ def test_cli_iss_json(tmp_path):
     (["--prompt-ids", ",".join(["5"] * 200)], "context"),
     (["--temperature", "-1"], "--temperature"),
     (["--top-k", "3"], "--top-k"),
-    (["--cards", "2"], "--cards"),
+    (["--cards", "3"], "--cards"),                 # 4 heads do not split over 3 cards
+    (["--cards", "2", "--backend", "rtl"], "--cards"),
     (["--backend", "xrt"], "--xclbin"),
 ])
 def test_cli_bad_input(args, needle):
     extra = [] if "--cards" in args else ["--cards", "1"]
-    p = _cli("--backend", "iss", *extra, *args)
+    backend = [] if "--backend" in args else ["--backend", "iss"]
+    p = _cli(*backend, *extra, *args)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr

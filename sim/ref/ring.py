@@ -31,10 +31,12 @@ class IssRing:
         self.bidirectional = cfg.topology == "bidirectional_ring"
 
     def run(self, programs, prog_addr):
-        """Load ``programs[i]`` into card i at ``prog_addr`` and run them all; returns the
-        status words. Counters are read from each device as after a run."""
+        """Load ``programs[i]`` into card i at ``prog_addr`` (one address, or one per card) and
+        run them all; returns the status words. Counters are read from each device as after a
+        run."""
         gens, status, waiting = [], [None] * self.N, [None] * self.N
-        for dev, words in zip(self.devices, programs, strict=True):
+        addrs = prog_addr if isinstance(prog_addr, (list, tuple)) else [prog_addr] * self.N
+        for dev, words, prog_addr in zip(self.devices, programs, addrs, strict=True):
             dev.write_hbm(0, prog_addr, np.frombuffer(program_bytes(words), np.uint8))
             dev.write_reg64(regs.ARGS["prog_addr"][0], prog_addr)
             dev.write_reg(regs.ARGS["prog_len"][0], len(words))

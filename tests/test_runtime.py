@@ -183,3 +183,21 @@ def test_device_timeout(demo):
     with pytest.raises(UserError, match=r"did not finish within 0.5 s"):
         generate(cfg, CompiledModel(cfg, model), dev, tok.encode(PROMPT), 2, timeout_s=0.5)
     assert time.monotonic() - t0 < 120
+
+
+def test_gpt2_small_shapes_on_four_iss_cards():
+    """GPT-2 small's layer shapes (d_model 768, 12 heads, vocabulary 50257), two layers of
+    random weights, split over 4 cards of the ISS ring on the medium card: realistic sizes,
+    placement and limits. First-token logits against float64 on the fp16 weights."""
+    from host.model import Gpt2Shape, random_gpt2
+    from host.runtime import make_cards
+    cfg = load_config(ROOT / "configs" / "medium.yaml").replace(cards=4)
+    shape = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=50257, n_positions=64)
+    model = random_gpt2(shape, np.random.default_rng(0))
+    ids = [464, 2068, 7586, 21831]
+    out, logits, _ = generate(cfg, make_cards(cfg, model, "iss", 4), None, ids, 2, keep_logits=True)
+    w = {k: v.astype(np.float16).astype(np.float32) for k, v in model.weights.items()}
+    want = ref.forward(w, ids, 12, 2)[-1]
+    assert logits.shape == (2, 50257)
+    assert np.abs(logits[0] - want).max() / (want.max() - want.min()) < LOGIT_TOL
+    assert out[0] == int(np.argmax(want))

@@ -24,19 +24,20 @@ from .emit import port_table
 
 __all__ = ["package", "KERNEL", "PLATFORM", "kernel_args", "verilog_ports"]
 
-KERNEL = "gptfpga_card"
+KERNEL = regs.KERNEL
 PLATFORM = "xilinx_u280_gen3x16_xdma_1_202211_1"
-# Kernel arguments in XRT's order: the scalars, then one pointer per AXI master.
-SCALARS = [("prog_addr", "ulong"), ("prog_len", "uint"), ("card", "uint")]
+C_TYPES = {32: "uint", 64: "ulong"}
 
 
 def kernel_args(cfg):
     """[(name, id, port, offset, size, type, is_pointer)] in argument order."""
     args = []
-    for name, ctype in SCALARS:
+    for name in regs.KERNEL_ARGS:
         off, bits, _doc = regs.ARGS[name]
-        args.append((name, len(args), "s_axi_control", off, bits // 8, ctype, False))
-    args.append(("insn_ptr", len(args), "m_axi_insn", regs.ARGS["insn_ptr"][0], 8, "void*", True))
+        if name == "insn_ptr":
+            args.append((name, len(args), "m_axi_insn", off, 8, "void*", True))
+        else:
+            args.append((name, len(args), "s_axi_control", off, bits // 8, C_TYPES[bits], False))
     for k in range(cfg.hbm.channels):
         args.append((f"hbm{k}", len(args), f"m_axi_hbm{k}", regs.hbm_ptr(k), 8, "void*", True))
     return args

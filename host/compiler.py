@@ -527,11 +527,7 @@ class _Emitter:
             for h in range(H):
                 self.matvec(vmat[h], cm.x_p + h * nS, HN, cm.v_att + h * hdp, aS, group=rbv, kv=True)
             self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
-            if cm.cards == 1:
-                self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS, bias=bproj, then=residual)
-            else:
-                self.matvec(lr.proj, cm.x_att, aS, cm.v_y, dS)
-                self.all_reduce_residual(bproj)
+            self.projection(lr.proj, cm.x_att, aS, bproj, residual)
             for t in range(T):
                 self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g2, b2)
             self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
@@ -539,11 +535,7 @@ class _Emitter:
             if lr.fc[1] * L < fS:       # columns of x_h past the matrix's last row block
                 for t in range(T):
                     gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
-            if cm.cards == 1:
-                self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS, bias=bfc2, then=residual)
-            else:
-                self.matvec(lr.fc2, cm.x_h, fS, cm.v_y, dS)
-                self.all_reduce_residual(bfc2)
+            self.projection(lr.fc2, cm.x_h, fS, bfc2, residual)
             self.dump(li + 1)
         # Final LayerNorm and the LM head (the token embedding, tied).
         par = cm.v_pars[len(cm.layers) % 2]
@@ -563,10 +555,15 @@ class _Emitter:
         self.e("HALT")
         return self.schedule()
 
-    def all_reduce_residual(self, bias):
-        """Every card holds a partial sum of the projection in v_y: add them up over the ring
-        (in place), then the bias once, then the residual."""
+    def projection(self, m, xb, xstride, bias, residual):
+        """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
+        the residual follows each finished chunk; on several, every card holds a partial sum
+        in v_y: add them up over the ring (in place), then the bias once, then the residual."""
         cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
+        if cm.cards == 1:
+            self.matvec(m, xb, xstride, cm.v_y, dS, bias=bias, then=residual)
+            return
+        self.matvec(m, xb, xstride, cm.v_y, dS)
         self.e("COLL", cop=2, src=cm.v_y, dst=cm.v_y, n=T * dS)
         for t in range(T):
             y = cm.v_y + t * dS

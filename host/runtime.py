@@ -171,8 +171,30 @@ def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), e
     cards = cm if isinstance(cm, Cards) else Cards([cm], [dev])
     check_request(cards.cms[0].sh, prompt_ids, max_new_tokens)
     rng = np.random.default_rng(sampling.seed)
-    return _generate(cards, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token,
-                     keep_logits, rng)
+    stats = GenStats(prompt_tokens=len(prompt_ids))
+    cards.load()
+    t0 = time.monotonic()
+    for p in range(0, len(prompt_ids), cards.T):
+        stats.prefill_steps.append(cards.step(prompt_ids[p:p + cards.T], p, timeout_s))
+    stats.wall_prefill = time.monotonic() - t0
+    logits = cards.logits()
+    out, all_logits = [], []
+    pos = len(prompt_ids)
+    t0 = time.monotonic()
+    while True:
+        if keep_logits:
+            all_logits.append(np.array(logits, np.float32))
+        tok = pick(logits, sampling, rng)
+        out.append(tok)
+        if on_token:
+            on_token(tok)
+        if len(out) >= max_new_tokens or (eos is not None and tok == eos):
+            break
+        stats.decode_steps.append(cards.step([tok], pos, timeout_s))
+        logits = cards.logits()
+        pos += 1
+    stats.wall_decode = time.monotonic() - t0
+    return out, (np.stack(all_logits) if keep_logits else None), stats
 
 
 def check_request(sh, prompt_ids, max_new_tokens):
@@ -193,31 +215,3 @@ def check_request(sh, prompt_ids, max_new_tokens):
                         f"needs {total} positions; the model's context is {sh.n_positions} "
                         f"(at most {sh.n_positions - len(prompt_ids) + 1} new tokens)")
 
-
-def _generate(cards, prompt_ids, max_new_tokens, sampling, eos, timeout_s, on_token, keep_logits,
-              rng):
-    stats = GenStats(prompt_tokens=len(prompt_ids))
-    cards.load()
-    t0 = time.monotonic()
-    for p in range(0, len(prompt_ids), cards.T):
-        chunk = prompt_ids[p:p + cards.T]
-        stats.prefill_steps.append(cards.step(chunk, p, timeout_s))
-    stats.wall_prefill = time.monotonic() - t0
-    logits = cards.logits()
-    out, all_logits = [], []
-    pos = len(prompt_ids)
-    t0 = time.monotonic()
-    while True:
-        if keep_logits:
-            all_logits.append(np.array(logits, np.float32))
-        tok = pick(logits, sampling, rng)
-        out.append(tok)
-        if on_token:
-            on_token(tok)
-        if len(out) >= max_new_tokens or (eos is not None and tok == eos):
-            break
-        stats.decode_steps.append(cards.step([tok], pos, timeout_s))
-        logits = cards.logits()
-        pos += 1
-    stats.wall_decode = time.monotonic() - t0
-    return out, (np.stack(all_logits) if keep_logits else None), stats

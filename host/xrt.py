@@ -11,10 +11,9 @@ from sim.device import Device, DeviceTimeout
 
 from .errors import UserError
 
-__all__ = ["XrtDevice", "KERNEL_NAME", "KERNEL_ARGS"]
+__all__ = ["XrtDevice"]
 
-KERNEL_NAME = "gptfpga_card"
-KERNEL_ARGS = ["prog_addr", "prog_len", "card", "insn_ptr"]   # then hbm0 .. hbm<C-1>
+KERNEL_ARGS = regs.KERNEL_ARGS      # then hbm0 .. hbm<C-1>
 
 
 class XrtDevice(Device):
@@ -35,13 +34,12 @@ class XrtDevice(Device):
         xb = pyxrt.xclbin(str(xclbin))
         self.dev.register_xclbin(xb)
         self.ctx = pyxrt.hw_context(self.dev, xb.get_uuid())
-        self.kernel = pyxrt.kernel(self.ctx, KERNEL_NAME)
+        self.kernel = pyxrt.kernel(self.ctx, regs.KERNEL)
         base = len(KERNEL_ARGS)
         self.bos = [pyxrt.bo(self.dev, self.channel_bytes, pyxrt.bo.normal, self.kernel.group_id(base + k))
                     for k in range(self.channels)]
         self.args = {"prog_addr": 0, "prog_len": 0, "card": (cfg.cards << 8), "insn_ptr": 0}
         self.run_ = None
-        self._last = {}
 
     def write_hbm(self, channel, offset, data):
         import numpy as np

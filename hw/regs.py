@@ -5,7 +5,7 @@ hardware, the host runtime, the simulators and the Vitis packaging all read it f
 """
 
 __all__ = ["CTRL", "GIE", "IER", "ISR", "ARGS", "COUNTERS", "REG", "ADDR_BITS", "HBM_PTR",
-           "hbm_ptr"]
+           "hbm_ptr", "KERNEL", "KERNEL_ARGS"]
 
 ADDR_BITS = 10
 
@@ -21,6 +21,11 @@ ARGS = {
     "card": (0x1C, 32, "bits [7:0] this card's id, [15:8] cards in the ring"),
     "insn_ptr": (0x20, 64, "device address of the buffer behind m_axi_insn (HBM channel 0's)"),
 }
+
+# The Vitis kernel's name and its arguments in XRT's order (kernel.xml and the XRT device):
+# these, then one pointer per HBM channel, hbm0 .. hbm<C-1>. insn_ptr is m_axi_insn's pointer.
+KERNEL = "gptfpga_card"
+KERNEL_ARGS = ("prog_addr", "prog_len", "card", "insn_ptr")
 
 # Device address of the buffer behind m_axi_hbm<k>: 64-bit, at HBM_PTR + 8k (k < 32).
 HBM_PTR = 0x100

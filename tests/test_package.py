@@ -8,7 +8,6 @@ import pytest
 
 from gen.config import load_config
 from gen.package import KERNEL, kernel_args, package, verilog_ports
-from host.xrt import KERNEL_ARGS, KERNEL_NAME
 from hw import regs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +27,7 @@ def test_kernel_xml_ports_exist_in_verilog(packaged):
     assert ports["interrupt"] == ("out", 1)
     root = ET.parse(files["kernel.xml"]).getroot()
     kern = root.find("kernel")
-    assert kern.get("name") == KERNEL == KERNEL_NAME
+    assert kern.get("name") == KERNEL == regs.KERNEL
     xml_ports = {p.get("name"): p for p in kern.find("ports")}
     masters = [n for n in xml_ports if n.startswith("m_axi_")]
     assert sorted(masters) == sorted(["m_axi_insn"] + [f"m_axi_hbm{k}" for k in range(cfg.hbm.channels)])
@@ -57,7 +56,7 @@ def test_kernel_xml_args_match_register_map(packaged):
     kern = ET.parse(files["kernel.xml"]).getroot().find("kernel")
     args = [(a.get("name"), int(a.get("id")), a.get("port"), int(a.get("offset"), 16))
             for a in kern.find("args")]
-    assert [a[0] for a in args] == KERNEL_ARGS + [f"hbm{k}" for k in range(cfg.hbm.channels)]
+    assert [a[0] for a in args] == list(regs.KERNEL_ARGS) + [f"hbm{k}" for k in range(cfg.hbm.channels)]
     assert [a[1] for a in args] == list(range(len(args)))
     for name, _i, port, off in args:
         if name.startswith("hbm"):

@@ -35,6 +35,12 @@ def _up(x, m):
     return -(-x // m) * m
 
 
+def _share(n, cards, card):
+    """(first, count) of card ``card``'s balanced share of ``n`` items over ``cards``."""
+    lo, hi = card * n // cards, (card + 1) * n // cards
+    return lo, hi - lo
+
+
 def tiles_in_stream_order(mat, L, W, group):
     """fp16 matrix [rows, cols] -> tiles [n, L, W] in the MATVEC stream order."""
     rows, cols = mat.shape
@@ -107,6 +113,7 @@ class CompiledModel:
                  all_logits=False):
         self.cfg, self.model = cfg, model
         sh = model.shape
+        self.weights = model.weights      # None: a shapes-only compile (programs, no image)
         c = cfg.core
         self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
         self.S = cfg.stripe_bytes
@@ -114,11 +121,14 @@ class CompiledModel:
         self.dump_hidden = dump_hidden
         self._check_limits()
         self.card, self.cards = card, cards
-        if sh.n_head % cards or sh.d_ff % cards:
-            raise UserError(f"--cards: {cards} cards cannot share the model's {sh.n_head} heads and "
-                            f"{sh.d_ff} MLP columns evenly; allowed: a divisor of both")
-        self.H, self.F = sh.n_head // cards, sh.d_ff // cards       # this card's share
-        self.h0, self.f0 = card * self.H, card * self.F
+        if not 1 <= cards <= sh.n_head:
+            raise UserError(f"--cards: {cards} cards for a model of {sh.n_head} heads; allowed: "
+                            f"1 to {sh.n_head} (every card takes at least one head)")
+        # This card's share of the heads and MLP columns: balanced, the first cards taking
+        # one fewer where N does not divide (GPT-2 1.5B's 25 heads on 4 cards: 6, 6, 6, 7).
+        self.h0, self.H = _share(sh.n_head, cards, card)
+        self.f0, self.F = _share(sh.d_ff, cards, card)
+        self.Hmax = -(-sh.n_head // cards)          # buffers sized alike on every card
         vl = _up(-(-sh.vocab // cards), self.L)
         self.v0 = card * vl                                          # this card's vocabulary slice
         self.Vn = min(vl, sh.vocab - self.v0)
@@ -127,17 +137,15 @@ class CompiledModel:
                             f"can be split over")
         self.B = cfg.link.data_bits // 32                            # COLL beat, words
         L, W = self.L, self.W
-        d, H, hd, F = sh.d_model, self.H, sh.head_dim, self.F
+        d, hd = sh.d_model, sh.head_dim
         self.hdp = _up(hd, W)                 # a head's q/k/v padded to whole blocks
-        self.dq = H * self.hdp
         self.dS = _up(d, W)                   # token strides, whole XB blocks
-        self.qS = _up(3 * self.dq, W)
-        self.fS = _up(F, W)
         # Scores per (token, head): the K MATVEC computes whole groups of row blocks.
         self.nS = _up(sh.n_positions, max(W, L * GROUP))
-        self.vS = _up(self.Vn, L)
         self.all_logits = all_logits
-        # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit).
+        # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit),
+        # chosen for the largest share so that every card of the appliance steps alike.
+        self._shares(self.Hmax, -(-sh.d_ff // cards), vl)
         for T in ([max_tokens] if max_tokens else range(8, 0, -1)):
             self.T = T
             try:
@@ -146,8 +154,18 @@ class CompiledModel:
             except UserError:
                 if max_tokens or T == 1:
                     raise
+        self._shares(self.H, self.F, self.Vn)
+        self._alloc_onchip()                  # this card's share fits where the largest did
         self.img = HbmImage(cfg)
         self._build_image()
+
+    def _shares(self, H, F, Vn):
+        """Sizes that follow this card's share of heads, MLP columns and vocabulary."""
+        self.dq = H * self.hdp
+        self.qS = _up(3 * self.dq, self.W)
+        self.fS = _up(F, self.W)
+        self.vS = _up(Vn, self.L)
+        self._Hbuf, self._Fbuf = H, F
 
     # -- limits ---------------------------------------------------------------------------
     def _check_limits(self):
@@ -160,60 +178,82 @@ class CompiledModel:
                                 f"(by {have - cap}); use a larger config")
 
     # -- HBM image --------------------------------------------------------------------------
-    def _matrix(self, mat):
-        tiles, rb, cb = tiles_in_stream_order(mat.astype(np.float16), self.L, self.W, GROUP)
-        row, rows = self.img.alloc(tiles.nbytes, tiles)
+    def _matrix(self, rows, cols, make):
+        """Allocate a [rows, cols] weight matrix in stream order; ``make()`` gives its values
+        (not called for a shapes-only compile)."""
+        L, W = self.L, self.W
+        rb, cb = -(-rows // L), -(-cols // W)
+        if self.weights is None:
+            row, _ = self.img.alloc(rb * cb * L * W * 2)
+            return row, rb, cb
+        mat = make()
+        assert mat.shape == (rows, cols), (mat.shape, rows, cols)
+        tiles, rb, cb = tiles_in_stream_order(mat.astype(np.float16), L, W, GROUP)
+        row, _ = self.img.alloc(tiles.nbytes, tiles)
         return row, rb, cb
 
     def _build_image(self):
-        sh, w = self.sh, self.model.weights
+        sh, w = self.sh, self.weights
         d, H, hd = sh.d_model, self.H, sh.head_dim
         hdp, dq, L, W = self.hdp, self.dq, self.L, self.W
         h0, f0, F = self.h0, self.f0, self.F
         img = self.img
         self.const_row, _ = img.alloc(self.S, np.array([1.0 / d, sh.eps], np.float32))
         self.tok_rows = max(1, -(-2 * d // self.S))
-        wte = np.zeros((sh.vocab, self.tok_rows * self.S // 2), np.float16)
-        wte[:, :d] = w["wte.weight"]
-        self.wte_row, _ = img.alloc(wte.nbytes, wte)
-        wpe = np.zeros((sh.n_positions, self.tok_rows * self.S // 2), np.float16)
-        wpe[:, :d] = w["wpe.weight"]
-        self.wpe_row, _ = img.alloc(wpe.nbytes, wpe)
+        for name, count in (("wte", sh.vocab), ("wpe", sh.n_positions)):
+            table = None
+            if w is not None:
+                table = np.zeros((count, self.tok_rows * self.S // 2), np.float16)
+                table[:, :d] = w[f"{name}.weight"]
+            row, _ = img.alloc(count * self.tok_rows * self.S, table)
+            setattr(self, f"{name}_row", row)
         scale = 1.0 / np.sqrt(hd)
+
+        def vec(name, n):
+            return np.zeros(n, np.float32) if w is None else w[name]
+
         self.layers = []
         for i in range(sh.n_layer):
             p = f"h.{i}."
-            wa, ba = w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"]   # [3d, d]
             # Rows of the padded qkv output: q heads, k heads, v heads, each hdp rows.
-            qkv = np.zeros((3 * dq, d), np.float32)
             bqkv = np.zeros(3 * dq, np.float32)
-            for part in range(3):
+
+            def qkv(p=p, bqkv=bqkv):
+                wa, ba = w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"]   # [3d, d]
+                out = np.zeros((3 * dq, d), np.float32)
+                for part in range(3):
+                    for h in range(H):
+                        g = h0 + h                                 # the model's head index
+                        src = slice(part * d + g * hd, part * d + (g + 1) * hd)
+                        dst = slice(part * dq + h * hdp, part * dq + h * hdp + hd)
+                        s = scale if part == 0 else 1.0
+                        out[dst] = wa[src] * s
+                        bqkv[dst] = ba[src] * s
+                return out
+
+            def proj(p=p):
+                out = np.zeros((d, dq), np.float32)        # input columns in the padded layout
                 for h in range(H):
-                    g = h0 + h                                 # the model's head index
-                    src = slice(part * d + g * hd, part * d + (g + 1) * hd)
-                    dst = slice(part * dq + h * hdp, part * dq + h * hdp + hd)
-                    s = scale if part == 0 else 1.0
-                    qkv[dst] = wa[src] * s
-                    bqkv[dst] = ba[src] * s
-            wproj = np.zeros((d, dq), np.float32)          # input columns in the padded layout
-            for h in range(H):
-                g = h0 + h
-                wproj[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
-            params = self._param_vector([w[p + "ln_1.weight"], w[p + "ln_1.bias"], bqkv,
-                                         w[p + "attn.c_proj.bias"], w[p + "ln_2.weight"],
-                                         w[p + "ln_2.bias"], w[p + "mlp.c_fc.bias"][f0:f0 + F],
-                                         w[p + "mlp.c_proj.bias"]])
-            prow, _ = img.alloc(params.nbytes, params)
+                    g = h0 + h
+                    out[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
+                return out
+
+            m_qkv = self._matrix(3 * dq, d, qkv)           # fills bqkv
+            m_proj = self._matrix(d, dq, proj)
+            m_fc = self._matrix(F, d, lambda p=p: w[p + "mlp.c_fc.weight"].T[f0:f0 + F])
+            m_fc2 = self._matrix(d, F, lambda p=p: w[p + "mlp.c_proj.weight"].T[:, f0:f0 + F])
+            params = self._param_vector([vec(p + "ln_1.weight", d), vec(p + "ln_1.bias", d), bqkv,
+                                         vec(p + "attn.c_proj.bias", d), vec(p + "ln_2.weight", d),
+                                         vec(p + "ln_2.bias", d),
+                                         vec(p + "mlp.c_fc.bias", sh.d_ff)[f0:f0 + F],
+                                         vec(p + "mlp.c_proj.bias", d)])
+            prow, _ = img.alloc(params.nbytes, params if w is not None else None)
             self._layer_offsets, self._layer_len = self._param_offsets, self._param_len
-            rows = LayerRows(
-                params=prow, qkv=self._matrix(qkv), proj=self._matrix(wproj),
-                fc=self._matrix(w[p + "mlp.c_fc.weight"].T[f0:f0 + F]),
-                fc2=self._matrix(w[p + "mlp.c_proj.weight"].T[:, f0:f0 + F]),
-                k=[], v=[])
-            self.layers.append(rows)
-        lnf = self._param_vector([w["ln_f.weight"], w["ln_f.bias"]])
-        self.lnf_row, _ = img.alloc(lnf.nbytes, lnf)
-        self.head = self._matrix(w["wte.weight"][self.v0:self.v0 + self.Vn])
+            self.layers.append(LayerRows(params=prow, qkv=m_qkv, proj=m_proj, fc=m_fc, fc2=m_fc2,
+                                         k=[], v=[]))
+        lnf = self._param_vector([vec("ln_f.weight", d), vec("ln_f.bias", d)])
+        self.lnf_row, _ = img.alloc(lnf.nbytes, lnf if w is not None else None)
+        self.head = self._matrix(self.Vn, d, lambda: w["wte.weight"][self.v0:self.v0 + self.Vn])
         # The KV caches, one contiguous region (zeroed when a model is loaded).
         kb = _up(sh.n_positions, L * GROUP) // L * (hdp // W)
         vb = _up(sh.n_positions, W) // W * (hdp // L)
@@ -246,7 +286,7 @@ class CompiledModel:
 
     def _alloc_onchip(self):
         c, sh, T = self.cfg.core, self.sh, self.T
-        d, F = sh.d_model, self.F
+        d, F = sh.d_model, self._Fbuf
         v = Vsp(c.vsp_words, self.P, "VSP")
         self.v_const = v(self.P)
         self.v_x = v(T * self.dS)
@@ -254,14 +294,14 @@ class CompiledModel:
         self.v_y = v(_up(T * self.dS, self.B))     # all-reduced in place: whole COLL beats
         self.v_tmp = v(self.dS)
         self.v_qkv = v(T * self.qS)
-        self.v_sc = v(T * self.H * self.nS)
+        self.v_sc = v(T * self._Hbuf * self.nS)
         self.v_att = v(T * _up(self.dq, self.W))
         self.v_h = v(T * self.fS)
         plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters.
         self.v_pars = (v(plen), v(plen))
-        self.v_scal = v((4 + 2 * self.H) * T * self.P)
+        self.v_scal = v((4 + 2 * self._Hbuf) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
         else:
@@ -273,12 +313,14 @@ class CompiledModel:
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
         self.x_q = xb(T * self.dq)
-        self.x_p = xb(T * self.H * self.nS)
+        self.x_p = xb(T * self._Hbuf * self.nS)
         self.x_att = xb(T * _up(self.dq, self.W))
         self.x_h = xb(T * self.fS)
 
     def load(self, dev):
         """Write the image (weights, parameters, constants, zeroed KV cache) into a card."""
+        if self.weights is None:
+            raise ValueError("a shapes-only compile has no image to load")
         self.img.write(dev)
         from sim.progs import write_stripes
         lo, hi = self.kv_rows

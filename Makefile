@@ -5,7 +5,7 @@
 #   make sim   [CONFIG=]  cocotb regressions of the config's RTL in Verilator
 #   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
 #   make soak             the long randomized runs (not part of make test)
-#   make synth            Yosys resource estimates (UltraScale+) of the arithmetic units
+#   make synth [CONFIG=]  Yosys resource estimate (UltraScale+) of the config's card
 #   make package [CONFIG=] the card as a Vitis RTL kernel under build/<config>/vitis/
 #   make run   [CONFIG=]  generate text with the demo model on the Verilated card
 #   make bench            performance figures (JSON in build/bench/, tables on stdout, plot in docs/)
@@ -45,9 +45,11 @@ soak: setup
 	$(PY) -m pytest -q -m soak
 
 synth: setup
-	$(GPTFPGA) synth --arith
+	$(GPTFPGA) synth --config $(CONFIG)
 
 bench: setup
+	$(GPTFPGA) bench calibrate --config configs/tiny.yaml
+	$(GPTFPGA) bench perf --config configs/u280x4.yaml
 	$(GPTFPGA) bench core --config configs/tiny.yaml
 	$(GPTFPGA) bench core --config configs/medium.yaml
 	$(GPTFPGA) bench collective --config configs/tiny.yaml

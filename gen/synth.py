@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["synth_verilog", "parse_stat", "U280"]
+__all__ = ["synth_verilog", "parse_stat", "U280", "synth_arith", "synth_card", "card_table"]
 
 # Alveo U280 (XCU280), whole device (the shell takes a share of it).
 U280 = {"LUT": 1_303_680, "FF": 2_607_360, "DSP": 9_024, "BRAM36": 2_016, "URAM": 960}
@@ -127,4 +127,137 @@ def arith_table(results):
                      f"{r['CARRY']} |")
     for name, r in DFX_UNITS.items():
         lines.append(f"| DFX {name} (MICRO'22) | {r['latency']} | - | - | - | {r['DSP']} | - |")
+    return "\n".join(lines) + "\n"
+
+
+# -- the card, units multiplied out -------------------------------------------------------------
+# On-chip RAM primitives of UltraScale+: BRAM36 as 512 x 72, URAM288 as 4096 x 72. A memory
+# goes to URAM when it is at least 64 KiB (Vivado's usual choice for deep, wide buffers).
+_URAM_MIN_BYTES = 64 << 10
+
+
+def ram_blocks(width, depth):
+    """(BRAM36, URAM) of one width x depth memory."""
+    cols = -(-width // 72)
+    if width * depth // 8 >= _URAM_MIN_BYTES:
+        return 0, cols * -(-depth // 4096)
+    return cols * -(-depth // 512), 0
+
+
+def card_memories(cfg):
+    """name -> (width bits, depth, count) of the card's RAMs (hw/core): the ones large enough
+    to be block RAM; the small FIFOs (depth <= 32) are LUTRAM or flip-flops and are in the
+    control figure."""
+    c = cfg.core
+    L, W, P = c.lanes, c.width, c.vector_lanes
+    seg_rows = c.vsp_words // P // c.vsp_segments
+    red_rows = -(-cfg.reduce_max // P)
+    return {
+        "VSP (vector scratchpad)": (32 * P, seg_rows, c.vsp_segments),
+        "XB (matrix-unit input)": (16 * W, c.xb_words // W, 1),
+        "weight FIFO": (cfg.stripe_bytes * 8, c.weight_fifo_tiles, 1),
+        "MPU accumulators": (32 * L, 64, 1),
+        "MPU bias banks": (32 * L, 128, 1),
+        "MPU output FIFO": (32 * L + 17, 64, 1),
+        "VPU reduction scratch": (32 * P, max(1, -(-red_rows // 2)), 1),
+    }
+
+
+def card_units(cfg):
+    """arith unit -> instances in one card (hw/core/mpu.py, vpu.py, dma.py)."""
+    c = cfg.core
+    L, W, P = c.lanes, c.width, c.vector_lanes
+    return {
+        "fp16_mul_fp32": L * W,                 # the matrix unit's multipliers
+        f"adder_tree_{W}": L,                   # one tree per lane
+        "fp32_add": L + P,                      # accumulators; vector unit
+        "fp32_mul": P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P, "gelu": P,
+        "fp32_to_fp16": P + 1,                  # vector unit's CVT16 lanes; the store engine
+    }
+
+
+def _unit_factory(name):
+    from hw.arith import AdderTree
+    if name.startswith("adder_tree_"):
+        w = int(name.rsplit("_", 1)[1])
+        return (lambda: AdderTree(w)), AdderTree.latency(w)
+    return arith_units()[name]
+
+
+def synth_card(cfg, outdir, log=print):
+    """Resource estimate of one card of ``cfg``: every arithmetic unit and the HBM reader
+    synthesized alone (Yosys, cached by their Verilog), multiplied by their instance counts,
+    plus the RAMs counted from their shapes. Whole-card synthesis is beyond this machine for
+    the large configs; what the sum leaves out (the controller, the DMA's joins and
+    converters, the VSP arbiters, the collective engine) is said in the result."""
+    import hashlib
+
+    from .tops import TOPS
+    from .verilog import to_verilog
+    outdir = Path(outdir)
+    cache = outdir.parent / "units"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def measure(name, component):
+        v = to_verilog(component, name)
+        key = hashlib.sha256(v.encode()).hexdigest()[:16]
+        hit = cache / f"{name}-{key}.json"
+        if hit.exists():
+            return json.loads(hit.read_text())
+        path = cache / f"{name}.v"
+        path.write_text(v)
+        log(f"  synthesizing {name} ...")
+        counts = synth_verilog(path, name, workdir=cache / "work")
+        counts.pop("cells")
+        hit.write_text(json.dumps(counts))
+        return counts
+
+    groups = ("LUT", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "BRAM18", "URAM")
+    rows = {}
+    for name, count in card_units(cfg).items():
+        factory, _lat = _unit_factory(name)
+        rows[name] = {"count": count, "each": measure(name, factory())}
+    rows["hbm_reader"] = {"count": cfg.hbm.channels,
+                          "each": measure(f"hbm_reader_{cfg.name}", TOPS["hbm_reader"](cfg))}
+    total = {g: 0 for g in groups}
+    for r in rows.values():
+        r["total"] = {g: r["each"].get(g, 0) * r["count"] for g in groups}
+        for g in groups:
+            total[g] += r["total"][g]
+    mems = {}
+    for name, (width, depth, count) in card_memories(cfg).items():
+        bram, uram = ram_blocks(width, depth)
+        mems[name] = {"width": width, "depth": depth, "count": count,
+                      "BRAM36": bram * count, "URAM": uram * count}
+        total["BRAM36"] += bram * count
+        total["URAM"] += uram * count
+    total["BRAM36"] += (total.pop("BRAM18") + 1) // 2
+    share = {g: round(total[g] / U280[g], 4) for g in U280}
+    result = {
+        "config": cfg.name, "method": "units multiplied out (Yosys synth_xilinx -family xcup per "
+        "unit) + RAMs from their shapes", "units": rows, "memories": mems, "total": total,
+        "u280": U280, "u280_share": share,
+        "not_included": "controller (fetch, issue and scoreboard, control registers), the DMA's "
+        "stripe join and LOAD/STORE converters, VSP arbiters, the matrix unit's sequencer and "
+        "the collective engine; Yosys gives no timing (fmax) and no placement",
+    }
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / f"card-{cfg.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def card_table(result):
+    t, s = result["total"], result["u280_share"]
+    lines = [f"| {result['config']} card | LUT | FF | DSP | BRAM36 | URAM |", "|---|---|---|---|---|---|"]
+    for name, r in result["units"].items():
+        e = r["total"]
+        lines.append(f"| {r['count']} x `{name}` | {e['LUT']} | {e['FF']} | {e['DSP']} | "
+                     f"{e['BRAM36'] + (e['BRAM18'] + 1) // 2} | {e['URAM']} |")
+    for name, m in result["memories"].items():
+        lines.append(f"| {name} ({m['count']} x {m['width']} b x {m['depth']}) | | | | {m['BRAM36']} | "
+                     f"{m['URAM']} |")
+    lines.append(f"| **total** | **{t['LUT']}** | **{t['FF']}** | **{t['DSP']}** | **{t['BRAM36']}** | "
+                 f"**{t['URAM']}** |")
+    lines.append(f"| share of the U280 | {s['LUT']:.1%} | {s['FF']:.1%} | {s['DSP']:.1%} | "
+                 f"{s['BRAM36']:.1%} | {s['URAM']:.1%} |")
     return "\n".join(lines) + "\n"

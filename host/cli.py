@@ -62,10 +62,18 @@ def cmd_sim(args):
 def cmd_synth(args):
     import json
 
-    from gen.synth import arith_table, synth_arith
+    from gen.synth import arith_table, card_table, synth_arith, synth_card
     out = ROOT / "build" / "synth"
+    if args.config:
+        cfg = load_config(args.config)
+        result = synth_card(cfg, out)
+        print(card_table(result), end="")
+        print(f"not in the sum: {result['not_included']}")
+        print(f"wrote {out / f'card-{cfg.name}.json'}")
+        return 0
     if not args.arith:
-        raise UserError("synth: give --arith (per-unit estimates); whole-card synthesis is not built yet")
+        raise UserError("synth: give --config CONFIG (the card, units multiplied out) or --arith "
+                        "(every arithmetic unit alone)")
     names = args.unit or None
     if names:
         from gen.synth import arith_units
@@ -94,6 +102,18 @@ def cmd_bench(args):
     elif args.what == "run":
         result = bench.bench_run(cfg, log=log)
         table = bench.run_table(result)
+    elif args.what == "calibrate":
+        result = bench.calibrate_perf(log=log)
+        bench.CALIBRATION.write_text(json.dumps(result, indent=1) + "\n")
+        table = (f"performance model vs RTL: largest error {result['calibration_error']:.1%} over "
+                 f"{len(result['steps'])} steps; collectives {result['collective_error']:.1%}\n"
+                 f"wrote {bench.CALIBRATION}")
+    elif args.what == "perf":
+        result = bench.bench_perf(cfg, log=log)
+        table = bench.perf_table(result) + "\n\n" + bench.what_if_table(result)
+        png = Path(args.plot) if args.plot else ROOT / "docs" / f"decode-roofline-{cfg.name}.png"
+        bench.plot_roofline(result, png)
+        log(f"wrote {png}")
     else:
         result = bench.bench_collective(cfg, log=log)
         table = bench.collective_table(result)
@@ -135,7 +155,7 @@ def cmd_collective(args):
     cfg = load_config(args.config)
     if args.elements < 1:
         raise UserError(f"--elements: got {args.elements}; allowed: at least 1")
-    cards = args.cards or cfg.cards
+    cards = cfg.cards if args.cards is None else args.cards
     if not 2 <= cards <= 16:
         raise UserError(f"--cards: got {cards}; allowed: 2..16")
     for name in ("ber", "drop"):
@@ -186,7 +206,7 @@ def cmd_run(args):
     from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_cards
     from .tokenizer import load_tokenizer
     cfg = load_config(args.config)
-    cards = args.cards or cfg.cards
+    cards = cfg.cards if args.cards is None else args.cards
     if not 1 <= cards <= 16:
         raise UserError(f"--cards: got {cards}; allowed: 1..16")
     cfg = cfg.replace(cards=cards)
@@ -248,6 +268,53 @@ def cmd_run(args):
     return 0
 
 
+def cmd_perf(args):
+    import json
+
+    from .model import SHAPES
+    from .perf import DFX, predict
+    cfg = load_config(args.config)
+    if args.model_shape not in SHAPES:
+        raise UserError(f"--model-shape: got {args.model_shape!r}; allowed: {', '.join(SHAPES)}")
+    cards = cfg.cards if args.cards is None else args.cards
+    if not 1 <= cards <= 16:
+        raise UserError(f"--cards: got {cards}; allowed: 1..16")
+    if args.clock_mhz is not None and not 50 <= args.clock_mhz <= 1000:
+        raise UserError(f"--clock-mhz: got {args.clock_mhz}; allowed: 50..1000")
+    for flag, v in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens)):
+        if v < 1:
+            raise UserError(f"{flag}: got {v}; allowed: 1 or more")
+    shape = SHAPES[args.model_shape]
+    if args.prompt_tokens + args.new_tokens > shape.n_positions:
+        raise UserError(f"--prompt-tokens + --new-tokens: {args.prompt_tokens + args.new_tokens} is "
+                        f"beyond the model's context of {shape.n_positions} positions")
+    cfg = cfg.replace(cards=cards, clock_mhz=args.clock_mhz or cfg.clock_mhz)
+    r = predict(cfg, shape, cards=cards, prompt=args.prompt_tokens, new_tokens=args.new_tokens)
+    from sim.bench import CALIBRATION
+    cal = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+    r = {"config": cfg.name, "model_shape": args.model_shape, **r,
+         "calibration_error": cal.get("calibration_error"),
+         "collective_model_error": cal.get("collective_error"),
+         "source": "projected by the performance model, not measured"}
+    if args.json:
+        print(json.dumps(r))
+        return 0
+    print(f"{args.model_shape} on {cards} x {cfg.name} at {cfg.clock_mhz:g} MHz, "
+          f"[{args.prompt_tokens}:{args.new_tokens}] (projected by the model):")
+    print(f"  decode  {r['decode_ms_per_token']} ms/token ({r['decode_cycles_per_token']:.0f} cycles), "
+          f"{r['hbm_roofline_fraction']} of the HBM roofline ({r['hbm_roofline_decode_ms_per_token']} ms)")
+    print(f"  prefill {r['prefill_ms_per_token']} ms per input token "
+          f"({r['tokens_per_step']} tokens per step); total {r['total_ms']} ms")
+    if args.model_shape in DFX:
+        d = DFX[args.model_shape]
+        print(f"  DFX (4 x U280, 200 MHz, paper): decode {d['decode_ms_per_token']} ms/token, "
+              f"prefill {d['prefill_ms_per_token']} ms per input token")
+    if r["calibration_error"] is not None:
+        print(f"  model vs RTL on the calibration runs: largest error {r['calibration_error']:.1%} "
+              f"(gptfpga bench calibrate)")
+    return 0
+
+
 def cmd_package(args):
     from gen.package import package
     cfg = load_config(args.config)
@@ -278,14 +345,15 @@ def build_parser():
     s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     s.set_defaults(func=cmd_sim)
     b = sub.add_parser("bench", help="performance of the card in Verilator (cycles from its counters)")
-    b.add_argument("what", choices=["core", "collective", "run"],
+    b.add_argument("what", choices=["core", "collective", "run", "calibrate", "perf"],
                    help="core: one card's counters; collective: busbw against size on the ring; "
-                        "run: the demo model generating on the card")
+                        "run: the demo model generating on the card; calibrate: the performance "
+                        "model against the RTL (writes docs/perf-calibration.json); perf: the "
+                        "projected side-by-side with DFX")
     b.add_argument("--config", required=True, help="appliance config (YAML)")
     b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
     b.add_argument("--json", action="store_true", help="print one JSON object")
-    b.add_argument("--plot",
-                   help="collective: where to write the PNG (default docs/collective-busbw-<config>.png)")
+    b.add_argument("--plot", help="collective, perf: where to write the PNG (default under docs/)")
     b.set_defaults(func=cmd_bench)
 
     co = sub.add_parser("collective", help="one ring collective on the simulated N-card fabric")
@@ -322,6 +390,17 @@ def build_parser():
     r.add_argument("--dump-logits", help="write the logits of every generated position (.npy)")
     r.set_defaults(func=cmd_run)
 
+    pf = sub.add_parser("perf", help="projected cycles and ms per token of a GPT-2 size on N cards "
+                                     "(the calibrated performance model)")
+    pf.add_argument("--config", required=True, help="appliance config (YAML)")
+    pf.add_argument("--model-shape", required=True, help="gpt2, gpt2-medium, gpt2-large or gpt2-xl")
+    pf.add_argument("--cards", type=int, help="cards (default: the config's)")
+    pf.add_argument("--clock-mhz", type=int, help="clock (default: the config's)")
+    pf.add_argument("--prompt-tokens", type=int, default=32)
+    pf.add_argument("--new-tokens", type=int, default=32)
+    pf.add_argument("--json", action="store_true", help="one JSON object")
+    pf.set_defaults(func=cmd_perf)
+
     pk = sub.add_parser("package", help="the card as a Vitis RTL kernel: Verilog, kernel.xml, "
                                         "package_kernel.tcl, v++ link config, Makefile")
     pk.add_argument("config", help="appliance config (YAML)")
@@ -329,6 +408,7 @@ def build_parser():
     pk.set_defaults(func=cmd_package)
 
     sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
+    sy.add_argument("--config", help="the card of this config: units multiplied out, RAMs counted")
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
     sy.add_argument("--unit", action="append", help="only this unit (repeatable)")
     sy.set_defaults(func=cmd_synth)

@@ -1,4 +1,4 @@
-"""Performance of the card in Verilator: ``gptfpga bench core``.
+"""Performance figures: ``gptfpga bench core|collective|run|calibrate|perf``.
 
 Figures are cycles from the card's own counters; HBM utilization is weight bytes read over
 (cycles x the config's peak HBM bytes per cycle). Wall-clock figures (simulation speed, build
@@ -7,13 +7,16 @@ time) describe this machine, not the design.
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 
 from hw.isa import encode
 
+ROOT = Path(__file__).resolve().parent.parent
+
 __all__ = ["bench_core", "bench_collective", "plot_collective", "collective_table", "bench_run",
-           "run_table"]
+           "run_table", "calibrate_perf", "bench_perf", "perf_table", "plot_roofline"]
 
 # GPT-2 small's matrices (out x in): c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
 GPT2_SMALL_MATVECS = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
@@ -272,3 +275,185 @@ def run_table(result):
     lines = [f"| figure | {result['config']}, {result['cards']} card |", "|---|---|"]
     lines += [f"| {label} | {result[key]} |" for label, key in rows]
     return "\n".join(lines)
+
+
+# -- the performance model ----------------------------------------------------------------------
+CALIBRATION = ROOT / "docs" / "perf-calibration.json"
+
+
+def _calibration_cases():
+    """(name, config, model factory, steps): the runs the model is held to. Each step is
+    (tokens, first position); the KV cache is whatever the earlier steps left (the cycles do
+    not depend on its values)."""
+    from gen.config import load_config
+    from host.model import Gpt2Shape, load_checkpoint, random_gpt2
+    from host.runtime import DEMO_MODEL
+    tiny = load_config(ROOT / "configs" / "tiny.yaml").replace(cards=1)
+    medium = load_config(ROOT / "configs" / "medium.yaml")
+    small2 = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=1024, n_positions=128)
+    return [
+        ("tiny, demo model", tiny, lambda: load_checkpoint(DEMO_MODEL),
+         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100)]),
+        ("medium, GPT-2-small layers x 2", medium,
+         lambda: random_gpt2(small2, np.random.default_rng(0)),
+         [("prefill", None, 0), ("decode", 1, 4), ("decode", 1, 100)]),
+        ("medium at 300 MHz (HBM below the port rate)", medium.replace(clock_mhz=300),
+         lambda: random_gpt2(small2, np.random.default_rng(0)), [("decode", 1, 4)]),
+    ]
+
+
+def calibrate_perf(*, log=print, cases=None, collectives=True):
+    """The performance model against the Verilated card's cycle counter, step by step; and the
+    collective model against the collective engine's RTL for decode-sized all-reduces."""
+    from host.compiler import CompiledModel
+    from host.perf import coll_cycles, simulate
+    from sim.fabric import run_collective
+    from sim.system import RtlDevice
+    runs = []
+    for name, cfg, make, steps in cases or _calibration_cases():
+        cm = CompiledModel(cfg, make())
+        dev = RtlDevice(cfg)
+        cm.load(dev)
+        for kind, tokens, pos in steps:
+            tokens = tokens or cm.T
+            prog = cm.step([1] * tokens, pos)
+            rtl = dev.run(prog, cm.prog_addr, timeout_s=3600)
+            assert rtl["status"] & 0xFF == 0, f"{name}: status {rtl['status']:#x}"
+            model = simulate(cfg, [prog])["cycles"]
+            err = (model - rtl["cycles"]) / rtl["cycles"]
+            runs.append({"case": name, "config": cfg.name, "clock_mhz": cfg.clock_mhz, "step": kind,
+                         "tokens": tokens, "position": pos, "rtl_cycles": rtl["cycles"],
+                         "model_cycles": model, "error": round(err, 4)})
+            log(f"  {name}: {kind} {tokens} token(s) at {pos}: RTL {rtl['cycles']}, model {model} "
+                f"({err:+.1%})")
+    colls = []
+    from gen.config import load_config
+    u = load_config(ROOT / "configs" / "u280x4.yaml")
+    for cards in (2, 4) if collectives else ():
+        for words in (1024, 1600):
+            fig, *_ = run_collective(u, "allreduce", words, cards=cards,
+                                     bidirectional=u.topology == "bidirectional_ring")
+            model = coll_cycles(u.replace(cards=cards), cards, words)
+            err = (model - fig["cycles"]) / fig["cycles"]
+            colls.append({"config": u.name, "cards": cards, "words": words, "rtl_cycles": fig["cycles"],
+                          "model_cycles": model, "error": round(err, 4)})
+            log(f"  all-reduce of {words} words on {cards} cards ({u.name}): RTL {fig['cycles']}, "
+                f"model {model} ({err:+.1%})")
+    return {"steps": runs, "collectives": colls,
+            "calibration_error": max(abs(r["error"]) for r in runs),
+            "collective_error": max((abs(r["error"]) for r in colls), default=None)}
+
+
+def bench_perf(cfg, *, shapes=("gpt2-medium", "gpt2-large", "gpt2-xl"), cards=(1, 2, 4),
+               clocks=(200, 300), lengths=(32, 64, 128), log=print):
+    """The side-by-side: projected figures of GPT-2 345M, 774M and 1.5B on 1, 2 and 4 cards of
+    ``cfg`` at each clock, for [input:output] lengths, next to DFX's published ones."""
+    from host.errors import UserError
+    from host.model import SHAPES
+    from host.perf import DFX, StepCosts, predict
+    rows = []
+    for shape in shapes:
+        for n in cards:
+            for mhz in clocks:
+                c = cfg.replace(cards=n, clock_mhz=mhz)
+                try:
+                    costs = StepCosts(c, SHAPES[shape], n)
+                except UserError as e:
+                    rows.append({"model": shape, "cards": n, "clock_mhz": mhz, "fits": False,
+                                 "why": str(e)})
+                    log(f"  {shape} on {n} card(s) at {mhz} MHz: does not fit ({e})")
+                    continue
+                for L in lengths:
+                    r = predict(c, SHAPES[shape], cards=n, prompt=L, new_tokens=L, costs=costs)
+                    rows.append({"model": shape, "fits": True, "in_out": f"{L}:{L}", **r})
+                log(f"  {shape} on {n} card(s) at {mhz} MHz: decode {rows[-1]['decode_ms_per_token']} "
+                    f"ms/token ({rows[-1]['hbm_roofline_fraction']} of the HBM roofline)")
+    what_if = _what_if(cfg, log)
+    cal = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else None
+    return {"config": cfg.name, "source": "projected by the performance model (host/perf.py), "
+            "not measured: no RTL appliance of several cards yet, and never on a board",
+            "calibration_error": cal and cal["calibration_error"], "dfx": DFX, "rows": rows,
+            "what_if": what_if}
+
+
+def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64):
+    """GPT-2 1.5B on 4 cards, [64:64] at 200 MHz, with one design parameter changed at a time:
+    where the decode time goes, and what would buy it back."""
+    import dataclasses
+
+    from host.model import SHAPES
+    from host.perf import predict
+    base = cfg.replace(cards=cards, clock_mhz=200)
+    lanes = base.core.lanes
+    variants = [("as configured", base),
+                (f"vector unit {lanes} lanes (from {base.core.vector_lanes})",
+                 dataclasses.replace(base, core=dataclasses.replace(base.core, vector_lanes=lanes))),
+                (f"link latency 100 cycles (from {base.link.latency_cycles})",
+                 dataclasses.replace(base, link=dataclasses.replace(base.link, latency_cycles=100))),
+                ("both", dataclasses.replace(
+                    base, core=dataclasses.replace(base.core, vector_lanes=lanes),
+                    link=dataclasses.replace(base.link, latency_cycles=100)))]
+    out = []
+    for name, c in variants:
+        r = predict(c, SHAPES[shape], cards=cards, prompt=length, new_tokens=length)
+        out.append({"variant": name, "model": shape, "cards": cards, "in_out": f"{length}:{length}",
+                    "decode_ms_per_token": r["decode_ms_per_token"],
+                    "hbm_roofline_fraction": r["hbm_roofline_fraction"]})
+        log(f"  what if, {shape} on {cards} cards: {name}: decode {r['decode_ms_per_token']} ms/token")
+    return out
+
+
+def perf_table(result):
+    lines = ["| model | cards | MHz | in:out | decode ms/token | prefill ms/input token | total ms | "
+             "HBM roofline fraction | DFX decode ms/token |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        dfx = result["dfx"].get(r["model"], {}).get("decode_ms_per_token", "")
+        dfx = dfx if (r["cards"] == 4 and r["clock_mhz"] == 200) else ""
+        if not r["fits"]:
+            lines.append(f"| {r['model']} | {r['cards']} | {r['clock_mhz']} | - | does not fit: "
+                         f"{r['why'].split(': ', 1)[-1]} | | | | |")
+            continue
+        lines.append(f"| {r['model']} | {r['cards']} | {r['clock_mhz']} | {r['in_out']} | "
+                     f"{r['decode_ms_per_token']} | {r['prefill_ms_per_token']} | {r['total_ms']} | "
+                     f"{r['hbm_roofline_fraction']} | {dfx} |")
+    return "\n".join(lines)
+
+
+def what_if_table(result):
+    lines = ["| GPT-2 1.5B, 4 cards, 200 MHz, [64:64] | decode ms/token | HBM roofline fraction |",
+             "|---|---|---|"]
+    for r in result["what_if"]:
+        lines.append(f"| {r['variant']} | {r['decode_ms_per_token']} | {r['hbm_roofline_fraction']} |")
+    return "\n".join(lines)
+
+
+def plot_roofline(result, path):
+    """Decode ms/token against cards, ours and DFX's, with the HBM roofline (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    rows = [r for r in result["rows"] if r["fits"] and r["in_out"] == "64:64"]
+    for ax, mhz in zip(axes, (200, 300), strict=True):
+        for model in dict.fromkeys(r["model"] for r in rows):
+            rs = [r for r in rows if r["model"] == model and r["clock_mhz"] == mhz]
+            if not rs:
+                continue
+            line, = ax.plot([r["cards"] for r in rs], [r["decode_ms_per_token"] for r in rs], "o-",
+                            label=f"{model} (model)")
+            ax.plot([r["cards"] for r in rs], [r["hbm_roofline_decode_ms_per_token"] for r in rs], ":",
+                    color=line.get_color(), label=f"{model} HBM roofline")
+            d = result["dfx"].get(model)
+            if d and mhz == 200:
+                ax.plot([4], [d["decode_ms_per_token"]], "x", ms=10, color=line.get_color(),
+                        label=f"{model} DFX (paper)")
+        ax.set_xlabel("U280 cards")
+        ax.set_ylabel("decode ms per token")
+        ax.set_xticks([1, 2, 4])
+        ax.set_title(f"{result['config']} at {mhz} MHz, [64:64], projected")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

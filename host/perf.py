@@ -1,0 +1,436 @@
+"""The performance model: cycles per token of any config and GPT-2 shape, without RTL.
+
+It replays the compiler's own instruction streams (shapes-only compiles: the programs and the
+HBM placement a real model would get) through a model of the card's timing, instruction by
+instruction, with the structure of the RTL (docs/architecture.md):
+
+- fetch: bursts of 16 instructions from HBM, at most 32 fetched ahead of the decoder;
+- in-order issue through decode and issue stages, 8 scoreboard entries, and the address-range
+  hazards of hw/core/issue.py (a new instruction waits while it would write what an older one
+  reads or writes, or read what an older one writes); an instruction also waits for its unit's
+  command port (the matrix unit takes the next MATVEC when the last has issued its last step,
+  the vector unit and the store engine one instruction at a time, LOAD/WLOAD up to 4 ahead);
+- the read DMA: the stripes of LOADs and WLOADs in order after the HBM latency, at the
+  channels' rate (one beat per cycle, or less where the HBM's bandwidth per channel is lower
+  than the port: U280 at 300 MHz), WLOAD tiles into the weight FIFO while it has room;
+  a LOAD writes a stripe to the VSP at vector_lanes elements per cycle;
+- the matrix unit: one (tile, token) step per cycle, a tile only once it is in the FIFO, the
+  accumulator's reuse distance (Fp32Add.LATENCY + 2 steps) between a slot's updates, the
+  bias of the first group loaded before it starts, and the pipeline's depth (multiplier, adder
+  tree, accumulator adder, output writer) to its completion;
+- the vector unit: each pass = rows of vector_lanes elements, one per cycle, plus the unit's
+  latency and the pass's fixed overhead; reductions are the ISA's row-halving passes and lane
+  folds;
+- the store engine: one element per cycle, then the write responses;
+- COLL: every card waits for the slowest, then the ring all-reduce's cost from the link's
+  latency and rate, the per-hop overhead measured on the collective engine, and the framing.
+
+Every constant that is not a structural fact of the RTL (a pipeline latency from hw/arith, a
+FIFO depth) is one of the few fixed overheads in ``Overheads``; ``calibrate()`` measures the
+model against the RTL's cycle counters (the Verilated card) and reports the errors.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hw.isa import BINARY_VOPS, REDUCE_VOPS, VOP_BY_CODE, VOPS, decode
+
+from .errors import UserError
+
+__all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "MODEL_SHAPES",
+           "DFX"]
+
+# Pipeline latencies of the arithmetic units (hw/arith; tests/test_perf.py checks them).
+ADD_LAT, MUL_LAT, MAX_LAT, CVT_LAT = 6, 4, 1, 2
+EXP_LAT, RECIP_LAT, RSQRT_LAT, GELU_LAT = 66, 42, 50, 141
+MUL16_LAT = 3
+VOP_LAT = {"ADD": ADD_LAT, "SUB": ADD_LAT, "MUL": MUL_LAT, "MAX": MAX_LAT, "MOV": 1, "MASK": 1,
+           "EXP": EXP_LAT, "RECIP": RECIP_LAT, "RSQRT": RSQRT_LAT, "GELU": GELU_LAT,
+           "CVT16": CVT_LAT, "REDSUM": ADD_LAT, "REDMAX": MAX_LAT}
+SCOREBOARD = 8
+FETCH_CHUNK, FETCH_DEPTH = 16, 32
+DMA_RD_QUEUE = 4
+ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
+
+
+def tree_latency(width):
+    """hw.arith.special.AdderTree.latency: pairwise fp32 adds, log2(width) levels."""
+    return math.ceil(math.log2(width)) * ADD_LAT
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """Fixed cycles of the RTL's control that the structure above does not name."""
+    vec_pass: int = 4          # a vector pass: start, first read, FIFO, feed
+    vec_bcast: int = 3         # reading a broadcast operand first
+    vec_issue: int = 1         # the unit back to IDLE after an instruction
+    dma_first: int = 4         # command to AR, R to stripe join
+    load_tail: int = 2         # last VSP write to done
+    store_fixed: int = 8       # VSP read, conversion, coalescing, AW/W
+    mpu_start: int = 2         # command to the first step (bias-free)
+    mpu_tail: int = 3          # last accumulation to done (output FIFO, writer)
+    halt: int = 3              # HALT to ap_done
+    coll_hop: int = 30         # collective engine per ring step beyond the link
+
+
+class CardModel:
+    """Timing of one card's program. ``run(words)`` is a generator: it yields each COLL's
+    (time ready, fields) and expects the time it completes; it returns the figures."""
+
+    def __init__(self, cfg, *, overheads=Overheads()):
+        self.cfg, self.o = cfg, overheads
+        c = cfg.core
+        self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
+        self.S = cfg.stripe_bytes
+        self.depth = c.weight_fifo_tiles
+        self.lat = cfg.hbm.latency_cycles
+        # Stripes per cycle: every channel delivers a beat per cycle, or less where the HBM's
+        # bandwidth per channel is below the port's width.
+        self.rate = cfg.hbm_channel_bytes_per_cycle / cfg.hbm_beat_bytes
+        self.X = 1 + MUL16_LAT + tree_latency(self.W)
+        self.lpr = max(1, self.L // self.P)
+
+    # -- durations of the vector unit -------------------------------------------------------
+    def vec_cycles(self, f):
+        P, o = self.P, self.o
+        name = VOP_BY_CODE[f["vop"]]
+        lat = VOP_LAT[name]
+        rows = -(-f["n"] // P)
+        if f["vop"] in REDUCE_VOPS:
+            cyc, left = 0, rows
+            while True:                      # row-halving passes, at least one
+                h = (left + 1) // 2
+                cyc += h + lat + o.vec_pass
+                left = h
+                if left == 1:
+                    break
+            folds = int(math.log2(P)) if P > 1 else 0
+            return cyc + folds * (1 + lat + o.vec_pass)
+        extra = o.vec_bcast if (f["vop"] in BINARY_VOPS and f["bcast"]) else 0
+        return rows + lat + o.vec_pass + extra
+
+    # -- the program ---------------------------------------------------------------------------
+    def run(self, words):
+        o, P, S = self.o, self.P, self.S
+        insns = [decode(w) for w in words]
+        n = len(insns)
+        enter = np.zeros(n + 1, np.int64)       # cycle each instruction enters stage D
+        issue = np.zeros(n, np.int64)
+        req = {}                                # fetch burst -> cycle requested
+        arrive_prev = 0
+        inflight = []                           # (done, reads, write)
+        unit_free = {"vpu": 0, "dma_wr": 0, "mpu": 0}
+        dma_done = []                           # done cycles of LOAD/WLOAD, in order
+        data_end = 0                            # last stripe of the read DMA
+        # weight FIFO: arrival and consumption cycle of each tile, in stream order
+        total = sum(ins.fields["tiles"] for ins in insns if ins.op == "WLOAD")
+        tile_in = np.zeros(total, np.int64)
+        tile_out = np.zeros(total, np.int64)
+        streamed = claimed = 0
+        mpu_last_step = -1
+        busy = {"mpu": 0, "vpu": 0}
+        hbm_rd = 0
+        prev_issue = 0
+        t_end = 0
+        for i, ins in enumerate(insns):
+            # -- fetch ----------------------------------------------------------------------
+            b = i // FETCH_CHUNK
+            if b not in req:
+                # burst b may be asked for once instructions 0 .. 16(b-1)-1 have left the FIFO
+                gate = 1 if b < 2 else int(enter[FETCH_CHUNK * (b - 1) - 1]) + 1
+                req[b] = max(req.get(b - 1, 0) + 1, gate)
+            arrive = max(req[b] + self.lat + 2 + (i - b * FETCH_CHUNK), arrive_prev + 1)
+            arrive_prev = arrive
+            enter[i] = max(arrive, prev_issue)
+            t = int(enter[i]) + 1
+            op = ins.op
+            f = ins.fields
+            reads, write = self._ranges(op, f)
+
+            def clear(t, rs=reads, wr=write, inflight=inflight):
+                for done, er, ew in inflight:
+                    if done >= t and (_hits(wr, er) or _hits(wr, ew) or any(_hits(r, ew) for r in rs)):
+                        t = done + 1
+                return t
+
+            if op in ("HALT", "FENCE"):
+                t = max([t] + [d + 1 for d, _, _ in inflight])
+                issue[i] = prev_issue = t
+                inflight = []
+                if op == "HALT":
+                    t_end = t + o.halt
+                    break
+                continue
+            t = clear(t)
+            live = sorted(d for d, _, _ in inflight if d >= t)
+            if len(live) >= SCOREBOARD:
+                t = max(t, live[len(live) - SCOREBOARD] + 1)
+                t = clear(t)
+            unit = {"LOAD": "dma_rd", "WLOAD": "dma_rd", "STORE": "dma_wr", "MATVEC": "mpu",
+                    "VEC": "vpu", "COLL": "coll"}[op]
+            if unit == "dma_rd":
+                pending = [d for d in dma_done if d >= t]
+                if len(pending) >= DMA_RD_QUEUE:
+                    t = max(t, pending[len(pending) - DMA_RD_QUEUE] + 1)
+            elif unit in unit_free:
+                t = max(t, unit_free[unit])
+            if op == "COLL":
+                done = yield t, f
+                done = max(int(done), t + 1)
+            elif op == "VEC":
+                cyc = self.vec_cycles(f)
+                done = t + 1 + cyc
+                busy["vpu"] += cyc
+                unit_free["vpu"] = done + o.vec_issue
+            elif op == "STORE":
+                done = t + 1 + o.store_fixed + f["n"] + self.lat
+                unit_free["dma_wr"] = done + 1
+            elif op in ("LOAD", "WLOAD"):
+                start = max(t + 1 + self.lat + o.dma_first, data_end + 1)
+                if op == "WLOAD":
+                    k = f["tiles"]
+                    hbm_rd += k * S
+                    base = streamed
+                    idx = np.arange(k)
+                    want = start + (idx / self.rate).astype(np.int64)
+                    # room in the FIFO: tile j enters after tile j - depth has left it
+                    j = base + idx - self.depth
+                    room = np.zeros(k, np.int64)
+                    has = j >= 0           # claimed by an issued MATVEC (the ISA's FIFO rule)
+                    room[has] = tile_out[j[has]] + 1
+                    arr = _chain(np.maximum(want, room), np.ones(k, np.int64))
+                    tile_in[base:base + k] = arr
+                    streamed += k
+                    data_end = int(arr[-1])
+                    done = data_end + 1
+                else:
+                    z = 4 if f["f32"] else 2
+                    per_stripe = S // z
+                    nbytes = f["n"] * z
+                    stripes = -(-nbytes // S)
+                    hbm_rd += stripes * S
+                    full, rest = divmod(f["n"], per_stripe)
+                    wcyc = full * max(1, per_stripe // P) + -(-rest // P)
+                    data_end = start + max(stripes / self.rate, wcyc)
+                    data_end = int(math.ceil(data_end))
+                    done = data_end + o.load_tail
+                dma_done = dma_done[1 - DMA_RD_QUEUE:] + [done]
+            elif op == "MATVEC":
+                rb, cb, T, grp = f["rb"], f["cb"], f["tokens"], f["group"]
+                k = rb * cb
+                first = max(t + 1 + o.mpu_start, mpu_last_step + 1)
+                if f["bias_en"]:
+                    first += min(grp, rb) * self.lpr + 2
+                # the tiles of this MATVEC in stream order, and the minimum spacing of steps
+                gaps = []
+                for g0 in range(0, rb, grp):
+                    gs = min(grp, rb - g0)
+                    geff = gs * T
+                    for c in range(cb):
+                        for r in range(gs):
+                            if r == 0 and c > 0 and geff < ACC_REUSE:
+                                gaps.append(T + ACC_REUSE - geff)
+                            else:
+                                gaps.append(T)
+                gaps = np.array(gaps, np.int64)
+                gaps[0] = 0
+                avail = tile_in[claimed:claimed + k] + 2
+                avail[0] = max(avail[0], first)
+                steps = _chain(avail, gaps)
+                tile_out[claimed:claimed + k] = steps
+                claimed += k
+                last = int(steps[-1]) + T - 1
+                mpu_last_step = last
+                unit_free["mpu"] = last + 1
+                outs = rb * T * self.lpr
+                done = max(last + self.X + ADD_LAT + o.mpu_tail + self.lpr,
+                           first + self.X + ADD_LAT + outs)
+                busy["mpu"] += done - first
+            else:
+                raise ValueError(f"perf model: instruction {op} at {i}")
+            issue[i] = prev_issue = t
+            inflight = [e for e in inflight if e[0] >= t] + [(done, reads, write)]
+        return {"cycles": int(t_end), "hbm_rd_bytes": int(hbm_rd), "mpu_busy": busy["mpu"],
+                "vpu_busy": busy["vpu"], "insns": n}
+
+    def _ranges(self, op, f):
+        """(reads, write) address ranges as hw/core/issue.py holds them: (space, lo, hi)."""
+        S = self.S
+        if op == "LOAD":
+            rows = -(-(f["n"] * (4 if f["f32"] else 2)) // S)
+            return [("hbm", f["row"], f["row"] + rows)], ("vsp", f["vsp"], f["vsp"] + f["n"])
+        if op == "STORE":
+            epg, gpr = 1 << f["lepg"], 1 << f["lgpr"]
+            groups = -(-f["n"] // epg)
+            rows = -(-groups // gpr)
+            last = f["row"] + (rows - 1) * f["rstride"]
+            return [("vsp", f["vsp"], f["vsp"] + f["n"])], ("hbm", f["row"], last + 1)
+        if op == "WLOAD":
+            return [("hbm", f["row"], f["row"] + f["tiles"])], None
+        if op == "MATVEC":
+            T = f["tokens"]
+            rbl = f["rb"] * self.L
+            reads = [("xb", f["xb"], f["xb"] + (T - 1) * f["xstride"] + f["cb"] * self.W)]
+            if f["bias_en"]:
+                reads.append(("vsp", f["bias"], f["bias"] + rbl))
+            return reads, ("vsp", f["dst"], f["dst"] + (T - 1) * f["dstride"] + rbl)
+        if op == "VEC":
+            vop = f["vop"]
+            n = f["n"]
+            reads = [("vsp", f["src1"], f["src1"] + n)]
+            if vop in BINARY_VOPS:
+                reads.append(("vsp", f["src2"], f["src2"] + (1 if f["bcast"] else n)))
+            d = 1 if vop in REDUCE_VOPS else n
+            space = "xb" if vop == VOPS["CVT16"][0] else "vsp"
+            return reads, (space, f["dst"], f["dst"] + d)
+        if op == "COLL":
+            n = f["n"]
+            return [("vsp", f["src"], f["src"] + n)], ("vsp", f["dst"], f["dst"] + n)
+        return [], None
+
+
+def _hits(a, b):
+    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def _chain(avail, gaps):
+    """s[k] = max(s[k-1] + gaps[k], avail[k]) (s[0] = avail[0]), vectorized."""
+    offs = np.cumsum(gaps)
+    return np.maximum.accumulate(avail - offs) + offs
+
+
+def coll_cycles(cfg, cards, words, *, overheads=Overheads()):
+    """Cycles of a ring all-reduce of ``words`` fp32 words (whole link beats) over ``cards``:
+    2(N-1) steps, each a segment of 1/N of the message (half of it each way on a
+    bidirectional ring) sent whole through one link (its beats at the line rate, a trailer beat
+    per frame), then the link's latency and the engine's per-hop overhead; and one more latency
+    for the last acknowledgement. This is the small-message regime of GPT-2's decode (a few
+    KiB per all-reduce); calibrate() reports its error against the collective engine's RTL."""
+    if cards == 1:
+        return 0
+    beat = cfg.link.data_bits // 8
+    nb = -(-words // (beat // 4))
+    dirs = 2 if cfg.topology == "bidirectional_ring" else 1
+    seg = -(-nb // (cards * dirs))                 # beats per step and direction
+    frame = max(1, cfg.link.chunk_bytes // beat)
+    wire = (seg + -(-seg // frame)) * beat / cfg.link_bytes_per_cycle
+    steps = 2 * (cards - 1)
+    lat = cfg.link.latency_cycles
+    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + wire)))
+
+
+def simulate(cfg, programs, *, overheads=Overheads()):
+    """Run one step's programs (one per card) through the model; the COLLs synchronize the
+    cards. Returns per-card figures and the step's cycles (the slowest card)."""
+    cards = len(programs)
+    gens = [CardModel(cfg, overheads=overheads).run(p) for p in programs]
+    results = [None] * cards
+    waiting = [None] * cards
+
+    def resume(i, value=None):
+        try:
+            waiting[i] = gens[i].send(value) if value is not None else next(gens[i])
+        except StopIteration as stop:
+            waiting[i], results[i] = None, stop.value
+
+    for i in range(cards):
+        resume(i)
+    while any(w is not None for w in waiting):
+        if any(w is None for w in waiting):
+            raise ValueError("perf model: the cards' programs disagree on their COLLs")
+        ready = max(w[0] for w in waiting)
+        done = ready + 1 + coll_cycles(cfg, cards, waiting[0][1]["n"], overheads=overheads)
+        for i in range(cards):
+            resume(i, done)
+    return {"cycles": max(r["cycles"] for r in results), "cards": results}
+
+
+# -- whole generations ---------------------------------------------------------------------------
+MODEL_SHAPES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
+
+# DFX (Hong et al., MICRO'22), 4 x U280 at 200 MHz, FP16: figures read from the paper
+# (../shared/references.md); decode ms per output token, prefill ms per input token.
+DFX = {
+    "gpt2-medium": {"decode_ms_per_token": 5.4, "prefill_ms_per_token": 5.5},
+    "gpt2-xl": {"decode_ms_per_token": 6.9, "prefill_ms_per_token": 5.5},
+}
+
+
+class StepCosts:
+    """Shapes-only compiles of one model for N cards, and the modelled cycles of its steps,
+    sampled at a few positions and interpolated linearly in between (a step's cost grows
+    linearly with its position: the attention over the KV cache)."""
+
+    def __init__(self, cfg, shape, cards, *, overheads=Overheads()):
+        from .compiler import CompiledModel
+        from .model import Gpt2
+        check_fits(cfg, shape)
+        model = Gpt2(shape, None)
+        self.cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
+        self.T, self.cfg, self.o = self.cms[0].T, cfg, overheads
+        self.cards, self.shape = cards, shape
+        self._memo = {}
+
+    def at(self, tokens, pos0):
+        """Modelled cycles of one step of ``tokens`` tokens at positions pos0 ..."""
+        key = (tokens, pos0)
+        if key not in self._memo:
+            progs = [cm.step([0] * tokens, pos0) for cm in self.cms]
+            self._memo[key] = simulate(self.cfg, progs, overheads=self.o)["cycles"]
+        return self._memo[key]
+
+    def curve(self, tokens, first, last, samples=3):
+        """Cycles of steps at positions first .. last (inclusive, stride ``tokens``)."""
+        xs = np.arange(first, last + 1, tokens)
+        pts = sorted({int(xs[round(k * (len(xs) - 1) / max(1, samples - 1))]) for k in range(samples)})
+        return np.interp(xs, pts, [self.at(tokens, p) for p in pts])
+
+
+def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Overheads()):
+    """Prefill and decode figures for ``prompt`` input tokens and ``new_tokens`` generated
+    ones, as `gptfpga run` steps them: prefill in steps of T tokens, then one token per step
+    (the first generated token comes out of the prefill)."""
+    c = costs or StepCosts(cfg, shape, cards, overheads=overheads)
+    T = c.T
+    full = prompt // T
+    pre = c.curve(T, 0, (full - 1) * T).sum() if full else 0.0
+    if prompt % T:
+        pre += c.at(prompt % T, full * T)
+    steps = max(0, new_tokens - 1)
+    decode = c.curve(1, prompt, prompt + steps - 1).sum() if steps else 0.0
+    per_tok = decode / steps if steps else c.at(1, prompt)
+    clock = cfg.clock_mhz * 1e3                       # cycles per ms
+    weights = _weight_bytes(shape)
+    ideal = weights / cards / cfg.hbm_bytes_per_cycle  # a card's share at the HBM's peak
+    return {
+        "cards": cards, "clock_mhz": cfg.clock_mhz, "prompt_tokens": prompt,
+        "new_tokens": new_tokens, "tokens_per_step": T,
+        "prefill_cycles_per_token": round(float(pre) / prompt, 1),
+        "decode_cycles_per_token": round(float(per_tok), 1),
+        "prefill_ms_per_token": round(float(pre) / prompt / clock, 4),
+        "decode_ms_per_token": round(float(per_tok) / clock, 4),
+        "total_ms": round(float(pre + decode) / clock, 3),
+        "weight_bytes": int(weights),
+        "hbm_roofline_decode_ms_per_token": round(ideal / clock, 4),
+        "hbm_roofline_fraction": round(ideal / float(per_tok), 4),
+    }
+
+
+def _weight_bytes(shape):
+    """fp16 bytes of the weight matrices a decode step streams (the four per layer and the LM
+    head), the HBM roofline's numerator."""
+    d, F = shape.d_model, shape.d_ff
+    per_layer = 3 * d * d + d * d + 2 * d * F
+    return 2 * (shape.n_layer * per_layer + shape.vocab * d)
+
+
+def check_fits(cfg, shape):
+    lim = cfg.core.limits
+    for name, have, cap in (("d_model", shape.d_model, lim.d_model), ("heads", shape.n_head, lim.heads),
+                            ("layers", shape.n_layer, lim.layers), ("vocab", shape.vocab, lim.vocab),
+                            ("seq_len", shape.n_positions, lim.seq_len)):
+        if have > cap:
+            raise UserError(f"--model-shape: {name} {have} exceeds the config's core.limits.{name} "
+                            f"= {cap} (by {have - cap}); use a larger config")

@@ -1,0 +1,134 @@
+"""The performance model (host/perf.py) and `gptfpga perf`.
+
+- the model's structural constants are the RTL's (pipeline latencies, scoreboard, fetch);
+- it predicts the Verilated card's cycles within 10% on whole decode and prefill steps of the
+  demo model on tiny (medium and 300 MHz are in `gptfpga bench calibrate`, whose figures
+  docs/perf-calibration.json records and this file checks);
+- its collective cost is within 10% of the collective engine's RTL on decode-sized
+  all-reduces;
+- on several cards the slowest card sets the pace; the model never beats the HBM roofline;
+- `gptfpga perf --json` prints the fields the issue names; bad input gives one line, exit 2.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gen.config import load_config
+from host import perf
+from host.model import SHAPES
+
+ROOT = Path(__file__).resolve().parent.parent
+TOL = 0.10
+
+
+def test_constants_are_the_rtls():
+    from hw.arith.special import AdderTree, Exp, Gelu, Recip, Rsqrt
+    from hw.arith.units import Fp16MulFp32, Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
+    from hw.core import fetch, issue
+    assert (perf.ADD_LAT, perf.MUL_LAT, perf.MAX_LAT, perf.CVT_LAT, perf.MUL16_LAT) == (
+        Fp32Add.LATENCY, Fp32Mul.LATENCY, Fp32Max.LATENCY, Fp32ToFp16.LATENCY, Fp16MulFp32.LATENCY)
+    assert (perf.EXP_LAT, perf.RECIP_LAT, perf.RSQRT_LAT, perf.GELU_LAT) == (
+        Exp.LATENCY, Recip.LATENCY, Rsqrt.LATENCY, Gelu.LATENCY)
+    for w in (4, 16, 32, 64):
+        assert perf.tree_latency(w) == AdderTree.latency(w), w
+    assert perf.SCOREBOARD == issue.ENTRIES
+    assert (perf.FETCH_CHUNK, perf.FETCH_DEPTH) == (fetch.CHUNK, fetch.DEPTH)
+
+
+def test_model_matches_rtl_on_tiny():
+    """Whole prefill and decode steps of the demo model on the Verilated tiny card."""
+    from sim.bench import _calibration_cases, calibrate_perf
+    cases = [c for c in _calibration_cases() if c[1].name == "tiny"]
+    result = calibrate_perf(cases=cases, collectives=False, log=print)
+    for r in result["steps"]:
+        assert abs(r["error"]) <= TOL, r
+    assert {r["step"] for r in result["steps"]} == {"prefill", "decode"}
+
+
+def test_recorded_calibration():
+    """docs/perf-calibration.json (gptfpga bench calibrate) covers decode and prefill on tiny
+    and medium, and every step is within 10% of the RTL."""
+    cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
+    seen = {(r["config"], r["step"]) for r in cal["steps"]}
+    assert seen >= {("tiny", "prefill"), ("tiny", "decode"), ("medium", "prefill"), ("medium", "decode")}
+    assert cal["calibration_error"] == max(abs(r["error"]) for r in cal["steps"]) <= TOL
+    for r in cal["steps"]:
+        assert r["error"] == round((r["model_cycles"] - r["rtl_cycles"]) / r["rtl_cycles"], 4)
+
+
+@pytest.mark.parametrize("cards, words", [(2, 128), (4, 768)])
+def test_collective_model_matches_engine(cards, words):
+    from sim.fabric import run_collective
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    fig, *_ = run_collective(cfg, "allreduce", words, cards=cards)
+    model = perf.coll_cycles(cfg, cards, words)
+    err = (model - fig["cycles"]) / fig["cycles"]
+    print(f"all-reduce of {words} words on {cards} cards: engine {fig['cycles']}, model {model} ({err:+.1%})")
+    assert abs(err) <= TOL
+
+
+def test_slowest_card_sets_the_pace():
+    """GPT-2 1.5B on 4 cards: 25 heads as 6, 6, 6, 7. The card with 7 heads has the most work;
+    the step's cycles are its cycles, and no card finishes below the HBM's time for its
+    weights."""
+    cfg = load_config(ROOT / "configs" / "u280x4.yaml")
+    costs = perf.StepCosts(cfg, SHAPES["gpt2-xl"], 4)
+    assert [cm.H for cm in costs.cms] == [6, 6, 6, 7]
+    progs = [cm.step([0], 100) for cm in costs.cms]
+    r = perf.simulate(cfg, progs)
+    cyc = [c["cycles"] for c in r["cards"]]
+    assert r["cycles"] == max(cyc)
+    assert r["cards"][3]["vpu_busy"] > r["cards"][0]["vpu_busy"]
+    for c in r["cards"]:
+        assert c["cycles"] >= c["hbm_rd_bytes"] / cfg.hbm_bytes_per_cycle
+
+
+def test_prediction_never_beats_the_roofline():
+    cfg = load_config(ROOT / "configs" / "u280x4.yaml")
+    for cards in (2, 4):
+        r = perf.predict(cfg.replace(cards=cards), SHAPES["gpt2-medium"], cards=cards, prompt=8,
+                         new_tokens=8)
+        assert 0 < r["hbm_roofline_fraction"] <= 1
+        assert r["decode_ms_per_token"] >= r["hbm_roofline_decode_ms_per_token"]
+        # prefill of 8 tokens and 7 decode steps (the first new token comes from the prefill)
+        want = (8 * r["prefill_cycles_per_token"] + 7 * r["decode_cycles_per_token"]) / 200e3
+        assert r["total_ms"] == pytest.approx(want, rel=1e-3)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "host.cli", "perf", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+def test_cli_perf_json():
+    p = _cli("--config", "configs/u280x4.yaml", "--model-shape", "gpt2-medium", "--cards", "4",
+             "--prompt-tokens", "8", "--new-tokens", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    for key in ("decode_ms_per_token", "prefill_ms_per_token", "hbm_roofline_fraction",
+                "calibration_error"):
+        assert key in r, key
+    cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
+    assert r["calibration_error"] == cal["calibration_error"]
+    assert r["cards"] == 4 and r["decode_ms_per_token"] > 0 and 0 < r["hbm_roofline_fraction"] <= 1
+    assert r["decode_ms_per_token"] == pytest.approx(r["decode_cycles_per_token"] / 200e3, abs=1e-4)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model-shape", "gpt3"], "--model-shape"),
+    (["--model-shape", "gpt2-xl", "--config", "configs/tiny.yaml"], "d_model"),
+    (["--model-shape", "gpt2", "--cards", "0"], "--cards"),
+    (["--model-shape", "gpt2", "--prompt-tokens", "1000", "--new-tokens", "100"], "context"),
+    (["--model-shape", "gpt2", "--new-tokens", "0"], "--new-tokens"),
+])
+def test_cli_perf_bad_input(args, needle):
+    if "--config" not in args:
+        args = ["--config", "configs/u280x4.yaml", *args]
+    p = _cli(*args)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr

@@ -95,7 +95,7 @@ def arith_units():
     out["fp32_min"] = (lambda: Fp32Max(minimum=True), Fp32Max.LATENCY)
     out.update({name: (cls, cls.LATENCY) for name, cls in SPECIALS.items()})
     for w in (16, 64):
-        out[f"adder_tree_{w}"] = ((lambda w=w: AdderTree(w)), AdderTree(w).LATENCY)
+        out[f"adder_tree_{w}"] = ((lambda w=w: AdderTree(w)), AdderTree.latency(w))
     return out
 
 

@@ -110,7 +110,7 @@ class CompiledModel:
     each projection gives every card the whole residual stream)."""
 
     def __init__(self, cfg, model, *, card=0, cards=1, max_tokens=None, dump_hidden=False,
-                 all_logits=False):
+                 all_logits=False, param_areas=None):
         self.cfg, self.model = cfg, model
         sh = model.shape
         self.weights = model.weights      # None: a shapes-only compile (programs, no image)
@@ -146,13 +146,16 @@ class CompiledModel:
         # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit),
         # chosen for the largest share so that every card of the appliance steps alike.
         self._shares(self.Hmax, -(-sh.d_ff // cards), vl)
-        for T in ([max_tokens] if max_tokens else range(8, 0, -1)):
-            self.T = T
+        # Two parameter areas (the next layer's parameters load while this layer runs) where
+        # they fit, else one (the load waits for the layer's last use of its parameters).
+        tries = [(a, T) for a in ([param_areas] if param_areas else [2, 1])
+                 for T in ([max_tokens] if max_tokens else range(8, 0, -1))]
+        for k, (self.param_areas, self.T) in enumerate(tries):
             try:
                 self._alloc_onchip()
                 break
             except UserError:
-                if max_tokens or T == 1:
+                if k == len(tries) - 1:
                     raise
         self._shares(self.H, self.F, self.Vn)
         self._alloc_onchip()                  # this card's share fits where the largest did
@@ -292,15 +295,18 @@ class CompiledModel:
         self.v_x = v(T * self.dS)
         self.v_a = v(T * self.dS)
         self.v_y = v(_up(T * self.dS, self.B))     # all-reduced in place: whole COLL beats
-        self.v_tmp = v(self.dS)
         self.v_qkv = v(T * self.qS)
         self.v_sc = v(T * self._Hbuf * self.nS)
         self.v_att = v(T * _up(self.dq, self.W))
         self.v_h = v(T * self.fS)
+        # LayerNorm's scratch (squares) lives in the MLP's hidden buffer where that is large
+        # enough: the LayerNorms run before c_fc writes it and after c_proj has read it (x_h).
+        self.v_tmp = self.v_h if T * self.fS >= self.dS else v(self.dS)
         plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
-        # last readers of this layer's parameters.
-        self.v_pars = (v(plen), v(plen))
+        # last readers of this layer's parameters. One where two do not fit.
+        a = v(plen)
+        self.v_pars = (a, v(plen) if self.param_areas == 2 else a)
         self.v_scal = v((4 + 2 * self._Hbuf) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
@@ -514,12 +520,16 @@ class _Emitter:
                 self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g1, b1)
             self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
             self.matvec(lr.qkv, cm.x_a, dS, cm.v_qkv, qS, bias=bqkv)
-            # The next layer's parameters, into the other parameter area.
-            nxt = cm.v_pars[(li + 1) % 2]
-            if li + 1 < len(cm.layers):
-                self.e("LOAD", vsp=nxt, n=cm._layer_len, row=cm.layers[li + 1].params, f32=1)
-            else:
-                self.e("LOAD", vsp=nxt, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
+
+            def next_params(li=li):
+                nxt = cm.v_pars[(li + 1) % 2]
+                if li + 1 < len(cm.layers):
+                    self.e("LOAD", vsp=nxt, n=cm._layer_len, row=cm.layers[li + 1].params, f32=1)
+                else:
+                    self.e("LOAD", vsp=nxt, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
+
+            if cm.param_areas == 2:     # into the other area, while this layer runs
+                next_params()
             # New K rows and V columns into the caches. K tiles are in the MATVEC stream order
             # with whole groups: tile (r, c) at (r // G) * G * cb + c * G + r % G.
             cbk = hdp // W
@@ -578,6 +588,8 @@ class _Emitter:
                 for t in range(T):
                     gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
             self.projection(lr.fc2, cm.x_h, fS, bfc2, residual)
+            if cm.param_areas == 1:     # over this layer's, after their last use
+                next_params()
             self.dump(li + 1)
         # Final LayerNorm and the LM head (the token embedding, tied).
         par = cm.v_pars[len(cm.layers) % 2]

@@ -79,8 +79,9 @@ class CardModel:
     """Timing of one card's program. ``run(words)`` is a generator: it yields each COLL's
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
-    def __init__(self, cfg, *, overheads=Overheads()):
+    def __init__(self, cfg, *, overheads=Overheads(), trace=False):
         self.cfg, self.o = cfg, overheads
+        self.trace = [] if trace else None      # (pc, op, issue cycle, done cycle)
         c = cfg.core
         self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
         self.S = cfg.stripe_bytes
@@ -252,6 +253,8 @@ class CardModel:
                 raise ValueError(f"perf model: instruction {op} at {i}")
             issue[i] = prev_issue = t
             inflight = [e for e in inflight if e[0] >= t] + [(done, reads, write)]
+            if self.trace is not None:
+                self.trace.append((i, op, t, int(done)))
         return {"cycles": int(t_end), "hbm_rd_bytes": int(hbm_rd), "mpu_busy": busy["mpu"],
                 "vpu_busy": busy["vpu"], "insns": n}
 

@@ -413,7 +413,7 @@ def perf_table(result):
             lines.append(f"| {r['model']} | {r['cards']} | {r['clock_mhz']} | - | does not fit: "
                          f"{r['why'].split(': ', 1)[-1]} | | | | |")
             continue
-        lines.append(f"| {r['model']} | {r['cards']} | {r['clock_mhz']} | {r['in_out']} | "
+        lines.append(f"| {r['model']} | {r['cards']} | {r['clock_mhz']:g} | {r['in_out']} | "
                      f"{r['decode_ms_per_token']} | {r['prefill_ms_per_token']} | {r['total_ms']} | "
                      f"{r['hbm_roofline_fraction']} | {dfx} |")
     return "\n".join(lines)

@@ -48,7 +48,7 @@ synth: setup
 	$(GPTFPGA) synth --config $(CONFIG)
 
 bench: setup
-	$(GPTFPGA) bench calibrate --config configs/tiny.yaml
+	$(GPTFPGA) bench calibrate
 	$(GPTFPGA) bench perf --config configs/u280x4.yaml
 	$(GPTFPGA) bench core --config configs/tiny.yaml
 	$(GPTFPGA) bench core --config configs/medium.yaml

@@ -92,7 +92,15 @@ def cmd_bench(args):
     import json
 
     from sim import bench
-    cfg = load_config(args.config)
+    if args.what == "calibrate":
+        if args.config:
+            raise UserError("--config: bench calibrate runs its own fixed cases (tiny and medium); "
+                            "give no --config")
+        cfg = None
+    elif not args.config:
+        raise UserError(f"--config: bench {args.what} needs a config")
+    else:
+        cfg = load_config(args.config)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +128,7 @@ def cmd_bench(args):
         png = Path(args.plot) if args.plot else ROOT / "docs" / f"collective-busbw-{cfg.name}.png"
         bench.plot_collective(result, png)
         log(f"wrote {png}")
-    path = out / f"{args.what}-{cfg.name}.json"
+    path = out / (f"{args.what}-{cfg.name}.json" if cfg else f"{args.what}.json")
     path.write_text(json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result))
@@ -350,7 +358,7 @@ def build_parser():
                         "run: the demo model generating on the card; calibrate: the performance "
                         "model against the RTL (writes docs/perf-calibration.json); perf: the "
                         "projected side-by-side with DFX")
-    b.add_argument("--config", required=True, help="appliance config (YAML)")
+    b.add_argument("--config", help="appliance config (YAML); not for calibrate")
     b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--plot", help="collective, perf: where to write the PNG (default under docs/)")

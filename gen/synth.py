@@ -159,7 +159,7 @@ def card_memories(cfg):
         "MPU accumulators": (32 * L, 64, 1),
         "MPU bias banks": (32 * L, 128, 1),
         "MPU output FIFO": (32 * L + 17, 64, 1),
-        "VPU reduction scratch": (32 * P, max(1, -(-red_rows // 2)), 1),
+        "VPU reduction scratch": (32 * P, max(1, -(-red_rows // 2)), 2),   # two read ports
     }
 
 

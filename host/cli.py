@@ -65,6 +65,9 @@ def cmd_synth(args):
     from gen.synth import arith_table, card_table, synth_arith, synth_card
     out = ROOT / "build" / "synth"
     if args.config:
+        if args.arith or args.unit:
+            raise UserError("synth: --config estimates the card; --arith and --unit are for the "
+                            "arithmetic units alone (give one or the other)")
         cfg = load_config(args.config)
         result = synth_card(cfg, out)
         print(card_table(result), end="")
@@ -92,6 +95,10 @@ def cmd_bench(args):
     import json
 
     from sim import bench
+    if args.what not in ("core",) and args.positions is not None:
+        raise UserError(f"--positions: only for bench core, not bench {args.what}")
+    if args.what not in ("collective", "perf") and args.plot:
+        raise UserError(f"--plot: only for bench collective and bench perf, not bench {args.what}")
     if args.what == "calibrate":
         if args.config:
             raise UserError("--config: bench calibrate runs its own fixed cases (tiny and medium); "
@@ -105,7 +112,7 @@ def cmd_bench(args):
     out = ROOT / "build" / "bench"
     out.mkdir(parents=True, exist_ok=True)
     if args.what == "core":
-        result = bench.bench_core(cfg, positions=args.positions, log=log)
+        result = bench.bench_core(cfg, positions=args.positions or 32, log=log)
         table = core_table([result])
     elif args.what == "run":
         result = bench.bench_run(cfg, log=log)
@@ -293,9 +300,11 @@ def cmd_perf(args):
         if v < 1:
             raise UserError(f"{flag}: got {v}; allowed: 1 or more")
     shape = SHAPES[args.model_shape]
-    if args.prompt_tokens + args.new_tokens > shape.n_positions:
+    # as `gptfpga run`: the last generated token is not fed back, so it needs no position
+    if args.prompt_tokens + args.new_tokens - 1 > shape.n_positions:
         raise UserError(f"--prompt-tokens + --new-tokens: {args.prompt_tokens + args.new_tokens} is "
-                        f"beyond the model's context of {shape.n_positions} positions")
+                        f"beyond the model's context of {shape.n_positions} positions (+1 for the "
+                        f"last token)")
     cfg = cfg.replace(cards=cards, clock_mhz=args.clock_mhz or cfg.clock_mhz)
     r = predict(cfg, shape, cards=cards, prompt=args.prompt_tokens, new_tokens=args.new_tokens)
     from sim.bench import CALIBRATION
@@ -359,7 +368,7 @@ def build_parser():
                         "model against the RTL (writes docs/perf-calibration.json); perf: the "
                         "projected side-by-side with DFX")
     b.add_argument("--config", help="appliance config (YAML); not for calibrate")
-    b.add_argument("--positions", type=int, default=32, help="KV-cache positions for the layer figure")
+    b.add_argument("--positions", type=int, help="core: KV-cache positions for the layer figure (32)")
     b.add_argument("--json", action="store_true", help="print one JSON object")
     b.add_argument("--plot", help="collective, perf: where to write the PNG (default under docs/)")
     b.set_defaults(func=cmd_bench)

@@ -128,7 +128,7 @@ class CompiledModel:
         # one fewer where N does not divide (GPT-2 1.5B's 25 heads on 4 cards: 6, 6, 6, 7).
         self.h0, self.H = _share(sh.n_head, cards, card)
         self.f0, self.F = _share(sh.d_ff, cards, card)
-        self.Hmax = -(-sh.n_head // cards)          # buffers sized alike on every card
+        self.Hmax = -(-sh.n_head // cards)          # the largest share (tokens per step)
         vl = _up(-(-sh.vocab // cards), self.L)
         self.v0 = card * vl                                          # this card's vocabulary slice
         self.Vn = min(vl, sh.vocab - self.v0)
@@ -144,10 +144,16 @@ class CompiledModel:
         self.nS = _up(sh.n_positions, max(W, L * GROUP))
         self.all_logits = all_logits
         # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit),
-        # chosen for the largest share so that every card of the appliance steps alike.
+        # chosen for the largest share so that every card of the appliance steps alike (each
+        # card then places its own, smaller or equal, buffers).
+        self._tmp_in_h = all(_up(F, L) >= _up(F, W) >= self.dS
+                             for F in (_share(sh.d_ff, cards, i)[1] for i in range(cards)))
         self._shares(self.Hmax, -(-sh.d_ff // cards), vl)
         # Two parameter areas (the next layer's parameters load while this layer runs) where
-        # they fit, else one (the load waits for the layer's last use of its parameters).
+        # they fit, else one (the load waits for the layer's last use of its parameters). Two
+        # areas at fewer tokens per step come first: they keep a LOAD per layer off the
+        # critical path of every decode step, while more tokens per step buy prefill little
+        # (no weight reuse yet).
         tries = [(a, T) for a in ([param_areas] if param_areas else [2, 1])
                  for T in ([max_tokens] if max_tokens else range(8, 0, -1))]
         for k, (self.param_areas, self.T) in enumerate(tries):
@@ -299,9 +305,11 @@ class CompiledModel:
         self.v_sc = v(T * self._Hbuf * self.nS)
         self.v_att = v(T * _up(self.dq, self.W))
         self.v_h = v(T * self.fS)
-        # LayerNorm's scratch (squares) lives in the MLP's hidden buffer where that is large
-        # enough: the LayerNorms run before c_fc writes it and after c_proj has read it (x_h).
-        self.v_tmp = self.v_h if T * self.fS >= self.dS else v(self.dS)
+        # LayerNorm's scratch (squares) lives in the MLP's hidden buffer where c_fc's rows
+        # cover a token's whole stride (no tail for the GELU pass past its last row block to
+        # find the squares in) on every card, and that stride holds d_model: the LayerNorms
+        # run before c_fc writes it and after mlp.c_proj has read its fp16 copy (x_h).
+        self.v_tmp = self.v_h if self._tmp_in_h else v(self.dS)
         plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters. One where two do not fit.

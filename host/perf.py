@@ -152,7 +152,8 @@ class CardModel:
 
             def clear(t, rs=reads, wr=write, inflight=inflight):
                 for done, er, ew in inflight:
-                    if done >= t and (_hits(wr, er) or _hits(wr, ew) or any(_hits(r, ew) for r in rs)):
+                    if done >= t and (any(_hits(wr, r) for r in er) or _hits(wr, ew)
+                                      or any(_hits(r, ew) for r in rs)):
                         t = done + 1
                 return t
 
@@ -384,7 +385,7 @@ class StepCosts:
             self._memo[key] = simulate(self.cfg, progs, overheads=self.o)["cycles"]
         return self._memo[key]
 
-    def curve(self, tokens, first, last, samples=3):
+    def curve(self, tokens, first, last, samples=5):
         """Cycles of steps at positions first .. last (inclusive, stride ``tokens``)."""
         xs = np.arange(first, last + 1, tokens)
         pts = sorted({int(xs[round(k * (len(xs) - 1) / max(1, samples - 1))]) for k in range(samples)})
@@ -394,7 +395,9 @@ class StepCosts:
 def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Overheads()):
     """Prefill and decode figures for ``prompt`` input tokens and ``new_tokens`` generated
     ones, as `gptfpga run` steps them: prefill in steps of T tokens, then one token per step
-    (the first generated token comes out of the prefill)."""
+    (the first generated token comes out of the prefill, so ``total_ms`` is the prefill and
+    ``new_tokens - 1`` decode steps; with one new token, the decode figures are those of a
+    step at the prompt's end, not part of the total)."""
     c = costs or StepCosts(cfg, shape, cards, overheads=overheads)
     T = c.T
     full = prompt // T
@@ -409,7 +412,7 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
     ideal = weights / cards / cfg.hbm_bytes_per_cycle  # a card's share at the HBM's peak
     return {
         "cards": cards, "clock_mhz": cfg.clock_mhz, "prompt_tokens": prompt,
-        "new_tokens": new_tokens, "tokens_per_step": T,
+        "new_tokens": new_tokens, "tokens_per_step": T, "decode_steps": steps,
         "prefill_cycles_per_token": round(float(pre) / prompt, 1),
         "decode_cycles_per_token": round(float(per_tok), 1),
         "prefill_ms_per_token": round(float(pre) / prompt / clock, 4),

@@ -119,8 +119,8 @@ def test_rtl_matches_iss_32_steps(demo):
 def test_one_parameter_area(demo):
     """Where two layer-parameter areas do not fit the VSP (GPT-2 774M and 1.5B on one card), the
     compiler uses one and loads the next layer's parameters after this layer's last use. Only
-    the schedule changes: the logits are bit-identical to the two-area program's, on the ISS
-    and on the RTL (whose scoreboard must order the load after the readers)."""
+    the program's order changes: the logits are bit-identical to the two-area program's, on
+    the ISS and on the RTL."""
     from sim.ref.iss import IssDevice
     from sim.system import RtlDevice
     cfg, model, tok = demo
@@ -223,3 +223,23 @@ def test_gpt2_small_shapes_on_four_iss_cards():
     assert logits.shape == (2, 50257)
     assert np.abs(logits[0] - want).max() / (want.max() - want.min()) < LOGIT_TOL
     assert out[0] == int(np.argmax(want))
+
+
+def test_uneven_mlp_tail_with_large_activations():
+    """5 cards share 448 MLP columns as 89/90 each, so c_fc leaves a tail of its padded stride
+    that the GELU pass zero-fills through the fp16 copy. A large activation (400: its square
+    is inf in fp16) must not reach that tail: LayerNorm's scratch shares the MLP buffer only
+    where no card has a tail. Regression: the shared scratch turned these logits into NaN."""
+    from host.model import Gpt2Shape, random_gpt2
+    from host.runtime import make_cards
+    cfg = load_config(CFG)
+    sh = Gpt2Shape(n_layer=2, n_head=7, d_model=112, vocab=100, n_positions=32)
+    model = random_gpt2(sh, np.random.default_rng(0))
+    model.weights["wte.weight"][5, 93] = 400.0
+    out = []
+    for cards in (1, 5):
+        appliance = make_cards(cfg.replace(cards=cards), model, "iss", cards)
+        _, logits, _ = generate(cfg, appliance, None, [3, 5], 1, keep_logits=True)
+        assert np.isfinite(logits).all(), f"{cards} cards"
+        out.append(logits)
+    np.testing.assert_allclose(out[1], out[0], rtol=1e-3, atol=1e-4)

@@ -305,7 +305,7 @@ def _chain(avail, gaps):
     return np.maximum.accumulate(avail - offs) + offs
 
 
-def coll_cycles(cfg, cards, words, *, overheads=Overheads()):
+def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring"):
     """Cycles of a ring all-reduce of ``words`` fp32 words (whole link beats) over ``cards``:
     2(N-1) steps, each a segment of 1/N of the message (half of it each way on a
     bidirectional ring) sent whole through one link (its beats at the line rate, a trailer beat
@@ -317,6 +317,16 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads()):
     beat = cfg.link.data_bits // 8
     nb = -(-words // (beat // 4))
     dirs = 2 if cfg.topology == "bidirectional_ring" else 1
+    if algorithm == "exchange":
+        # Not built: every card sends its whole vector both ways (one way on a unidirectional
+        # ring), each forwarded until it has reached every card, ceil((N-1)/2) hops; then
+        # every card sums the N vectors in card order (one beat per cycle). A what-if.
+        hops = -(-(cards - 1) // dirs)
+        wire = (nb + -(-nb // max(1, cfg.link.chunk_bytes // beat))) * beat / cfg.link_bytes_per_cycle
+        lat = cfg.link.latency_cycles
+        return int(math.ceil(hops * (lat + overheads.coll_hop + wire) + lat + (cards - 1) * nb))
+    if algorithm != "ring":
+        raise ValueError(f"all-reduce algorithm {algorithm!r}")
     seg = -(-nb // (cards * dirs))                 # beats per step and direction
     frame = max(1, cfg.link.chunk_bytes // beat)
     wire = (seg + -(-seg // frame)) * beat / cfg.link_bytes_per_cycle
@@ -325,7 +335,7 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads()):
     return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + wire)))
 
 
-def simulate(cfg, programs, *, overheads=Overheads()):
+def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card)."""
     cards = len(programs)
@@ -345,7 +355,8 @@ def simulate(cfg, programs, *, overheads=Overheads()):
         if any(w is None for w in waiting):
             raise ValueError("perf model: the cards' programs disagree on their COLLs")
         ready = max(w[0] for w in waiting)
-        done = ready + 1 + coll_cycles(cfg, cards, waiting[0][1]["n"], overheads=overheads)
+        done = ready + 1 + coll_cycles(cfg, cards, waiting[0][1]["n"], overheads=overheads,
+                                       algorithm=allreduce)
         for i in range(cards):
             resume(i, done)
     return {"cycles": max(r["cycles"] for r in results), "cards": results}
@@ -367,14 +378,14 @@ class StepCosts:
     sampled at a few positions and interpolated linearly in between (a step's cost grows
     linearly with its position: the attention over the KV cache)."""
 
-    def __init__(self, cfg, shape, cards, *, overheads=Overheads()):
+    def __init__(self, cfg, shape, cards, *, overheads=Overheads(), allreduce="ring"):
         from .compiler import CompiledModel
         from .model import Gpt2
         check_fits(cfg, shape)
         model = Gpt2(shape, None)
         self.cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
         self.T, self.cfg, self.o = self.cms[0].T, cfg, overheads
-        self.cards, self.shape = cards, shape
+        self.cards, self.shape, self.allreduce = cards, shape, allreduce
         self._memo = {}
 
     def at(self, tokens, pos0):
@@ -382,7 +393,8 @@ class StepCosts:
         key = (tokens, pos0)
         if key not in self._memo:
             progs = [cm.step([0] * tokens, pos0) for cm in self.cms]
-            self._memo[key] = simulate(self.cfg, progs, overheads=self.o)["cycles"]
+            self._memo[key] = simulate(self.cfg, progs, overheads=self.o,
+                                       allreduce=self.allreduce)["cycles"]
         return self._memo[key]
 
     def curve(self, tokens, first, last, samples=5):

@@ -393,9 +393,15 @@ def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64):
                 ("both", dataclasses.replace(
                     base, core=dataclasses.replace(base.core, vector_lanes=lanes),
                     link=dataclasses.replace(base.link, latency_cycles=100)))]
+    from host.perf import StepCosts
+    variants.append(("all-reduce by exchange (not built: each card's vector both ways, "
+                     "ceil((N-1)/2) hops)", base))
+    variants.append(("exchange and 16 vector lanes", variants[1][1]))
     out = []
     for name, c in variants:
-        r = predict(c, SHAPES[shape], cards=cards, prompt=length, new_tokens=length)
+        algo = "exchange" if "exchange" in name else "ring"
+        costs = StepCosts(c, SHAPES[shape], cards, allreduce=algo)
+        r = predict(c, SHAPES[shape], cards=cards, prompt=length, new_tokens=length, costs=costs)
         out.append({"variant": name, "model": shape, "cards": cards, "in_out": f"{length}:{length}",
                     "decode_ms_per_token": r["decode_ms_per_token"],
                     "hbm_roofline_fraction": r["hbm_roofline_fraction"]})

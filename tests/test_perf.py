@@ -80,6 +80,16 @@ def test_collective_model_matches_engine(cards, words):
     assert abs(err) <= TOL
 
 
+def test_allreduce_what_if():
+    """The exchange all-reduce (a what-if, not built) beats the ring on decode-sized messages
+    of the bidirectional u280x4 ring, and an unknown algorithm is refused."""
+    cfg = load_config(ROOT / "configs" / "u280x4.yaml")
+    assert perf.coll_cycles(cfg, 4, 1600, algorithm="exchange") < perf.coll_cycles(cfg, 4, 1600)
+    assert perf.coll_cycles(cfg, 1, 1600, algorithm="exchange") == 0
+    with pytest.raises(ValueError):
+        perf.coll_cycles(cfg, 4, 1600, algorithm="tree")
+
+
 def test_cards_wait_for_each_other_at_every_coll():
     """GPT-2 1.5B on 4 cards: 25 heads as 6, 6, 6, 7. Every COLL ends when the last card
     reaches it plus the all-reduce's cost, so the step takes at least the slowest card's time

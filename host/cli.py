@@ -286,11 +286,17 @@ def cmd_run(args):
 def cmd_perf(args):
     import json
 
-    from .model import SHAPES
+    from .model import SHAPES, load_shape
     from .perf import DFX, predict
     cfg = load_config(args.config)
-    if args.model_shape not in SHAPES:
-        raise UserError(f"--model-shape: got {args.model_shape!r}; allowed: {', '.join(SHAPES)}")
+    if args.model_shape in SHAPES:
+        shape = SHAPES[args.model_shape]
+    elif Path(args.model_shape).is_dir() or args.model_shape.endswith(".json"):
+        p = Path(args.model_shape)
+        shape = load_shape(p / "config.json" if p.is_dir() else p, "--model-shape")
+    else:
+        raise UserError(f"--model-shape: got {args.model_shape!r}; allowed: {', '.join(SHAPES)}, or a "
+                        f"Hugging Face GPT-2 directory or config.json")
     cards = cfg.cards if args.cards is None else args.cards
     if not 1 <= cards <= 16:
         raise UserError(f"--cards: got {cards}; allowed: 1..16")
@@ -299,7 +305,6 @@ def cmd_perf(args):
     for flag, v in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens)):
         if v < 1:
             raise UserError(f"{flag}: got {v}; allowed: 1 or more")
-    shape = SHAPES[args.model_shape]
     # as `gptfpga run`: the last generated token is not fed back, so it needs no position
     if args.prompt_tokens + args.new_tokens - 1 > shape.n_positions:
         raise UserError(f"--prompt-tokens + --new-tokens: {args.prompt_tokens + args.new_tokens} is "
@@ -410,7 +415,8 @@ def build_parser():
     pf = sub.add_parser("perf", help="projected cycles and ms per token of a GPT-2 size on N cards "
                                      "(the calibrated performance model)")
     pf.add_argument("--config", required=True, help="appliance config (YAML)")
-    pf.add_argument("--model-shape", required=True, help="gpt2, gpt2-medium, gpt2-large or gpt2-xl")
+    pf.add_argument("--model-shape", required=True,
+                    help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a GPT-2 directory / config.json")
     pf.add_argument("--cards", type=int, help="cards (default: the config's)")
     pf.add_argument("--clock-mhz", type=int, help="clock (default: the config's)")
     pf.add_argument("--prompt-tokens", type=int, default=32)

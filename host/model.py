@@ -91,6 +91,29 @@ def random_gpt2(shape, rng, scale=0.02):
     return Gpt2(shape, w)
 
 
+def load_shape(cfg_file, flag="--model"):
+    """Gpt2Shape of a Hugging Face GPT-2 config.json (checked)."""
+    cfg_file = Path(cfg_file)
+    try:
+        c = json.loads(cfg_file.read_text())
+    except OSError as e:
+        raise UserError(f"{flag}: {cfg_file} cannot be read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{flag}: {cfg_file} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    try:
+        shape = Gpt2Shape(int(c["n_layer"]), int(c["n_head"]), int(c["n_embd"]), int(c["vocab_size"]),
+                          int(c["n_positions"]), float(c.get("layer_norm_epsilon", 1e-5)))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"{flag}: {cfg_file} lacks a GPT-2 field ({e})") from None
+    for name, v in (("n_layer", shape.n_layer), ("n_head", shape.n_head), ("n_embd", shape.d_model),
+                    ("vocab_size", shape.vocab), ("n_positions", shape.n_positions)):
+        if v < 1:
+            raise UserError(f"{flag}: {cfg_file}: {name} is {v}; allowed: 1 or more")
+    if shape.d_model % shape.n_head:
+        raise UserError(f"{flag}: n_embd {shape.d_model} is not a multiple of n_head {shape.n_head}")
+    return shape
+
+
 def load_checkpoint(path):
     """A Hugging Face GPT-2 directory -> Gpt2 (shapes checked; safetensors only)."""
     path = Path(path)
@@ -106,17 +129,7 @@ def load_checkpoint(path):
             raise UserError(f"--model: {path} has only pickle checkpoints (.bin/.pt); gptfpga loads "
                             f"safetensors only (a model file must never run code)")
         raise UserError(f"--model: {st_file} not found")
-    try:
-        c = json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
-        raise UserError(f"--model: {cfg_file} is not valid JSON ({e.msg} at line {e.lineno})") from None
-    try:
-        shape = Gpt2Shape(int(c["n_layer"]), int(c["n_head"]), int(c["n_embd"]), int(c["vocab_size"]),
-                          int(c["n_positions"]), float(c.get("layer_norm_epsilon", 1e-5)))
-    except (KeyError, TypeError, ValueError) as e:
-        raise UserError(f"--model: {cfg_file} lacks a GPT-2 field ({e})") from None
-    if shape.d_model % shape.n_head:
-        raise UserError(f"--model: n_embd {shape.d_model} is not a multiple of n_head {shape.n_head}")
+    shape = load_shape(cfg_file)
     from safetensors.numpy import load_file
     try:
         raw = load_file(str(st_file))

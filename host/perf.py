@@ -131,6 +131,7 @@ class CardModel:
         tile_out = np.zeros(total, np.int64)
         streamed = claimed = 0
         mpu_last_step = -1
+        mpu_busy_until = 0
         busy = {"mpu": 0, "vpu": 0}
         hbm_rd = 0
         prev_issue = 0
@@ -249,7 +250,8 @@ class CardModel:
                 outs = rb * T * self.lpr
                 done = max(last + self.X + ADD_LAT + o.mpu_tail + self.lpr,
                            first + self.X + ADD_LAT + outs)
-                busy["mpu"] += done - first
+                busy["mpu"] += max(0, done - max(first, mpu_busy_until))   # union of MATVECs
+                mpu_busy_until = max(mpu_busy_until, done)
             else:
                 raise ValueError(f"perf model: instruction {op} at {i}")
             issue[i] = prev_issue = t

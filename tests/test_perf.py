@@ -168,12 +168,23 @@ def test_cli_perf_json():
     assert r["decode_ms_per_token"] == pytest.approx(r["decode_cycles_per_token"] / 200e3, abs=1e-4)
 
 
+def test_cli_perf_model_directory():
+    """A Hugging Face directory's config.json gives the shape: the demo model on 2 tiny cards."""
+    p = _cli("--config", "configs/tiny.yaml", "--model-shape", "host/demo", "--cards", "2",
+             "--prompt-tokens", "8", "--new-tokens", "8", "--json")
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["cards"] == 2 and r["tokens_per_step"] == 8 and r["decode_steps"] == 7
+    assert r["weight_bytes"] == 2 * (4 * 12 * 128 * 128 + 512 * 128)   # 4 layers of 12 d^2, the head
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--model-shape", "gpt3"], "--model-shape"),
     (["--model-shape", "gpt2-xl", "--config", "configs/tiny.yaml"], "d_model"),
     (["--model-shape", "gpt2", "--cards", "0"], "--cards"),
     (["--model-shape", "gpt2", "--prompt-tokens", "1000", "--new-tokens", "26"], "context"),
     (["--model-shape", "gpt2", "--new-tokens", "0"], "--new-tokens"),
+    (["--model-shape", "/nonexistent/config.json"], "--model-shape"),
 ])
 def test_cli_perf_bad_input(args, needle):
     if "--config" not in args:

@@ -26,13 +26,24 @@ from hw.isa import encode
 
 from .errors import UserError
 
-__all__ = ["CompiledModel", "tiles_in_stream_order", "GROUP"]
+__all__ = ["CompiledModel", "tiles_in_stream_order", "check_limits", "GROUP"]
 
 GROUP = 8           # row blocks per group: >= the accumulator's reuse distance (Fp32Add + 2)
 
 
 def _up(x, m):
     return -(-x // m) * m
+
+
+def check_limits(cfg, shape, what="model"):
+    """UserError naming the first of the model's sizes beyond the build's core.limits."""
+    lim = cfg.core.limits
+    for name, have, cap in (("d_model", shape.d_model, lim.d_model), ("heads", shape.n_head, lim.heads),
+                            ("layers", shape.n_layer, lim.layers), ("vocab", shape.vocab, lim.vocab),
+                            ("seq_len", shape.n_positions, lim.seq_len)):
+        if have > cap:
+            raise UserError(f"{what}: {name} {have} exceeds the build's core.limits.{name} = {cap} "
+                            f"(by {have - cap}); use a larger config")
 
 
 def _share(n, cards, card):
@@ -119,7 +130,7 @@ class CompiledModel:
         self.S = cfg.stripe_bytes
         self.sh = sh
         self.dump_hidden = dump_hidden
-        self._check_limits()
+        check_limits(cfg, sh)
         self.card, self.cards = card, cards
         if not 1 <= cards <= sh.n_head:
             raise UserError(f"--cards: {cards} cards for a model of {sh.n_head} heads; allowed: "
@@ -175,16 +186,6 @@ class CompiledModel:
         self.fS = _up(F, self.W)
         self.vS = _up(Vn, self.L)
         self._Hbuf, self._Fbuf = H, F
-
-    # -- limits ---------------------------------------------------------------------------
-    def _check_limits(self):
-        lim, sh = self.cfg.core.limits, self.sh
-        for name, have, cap in (("d_model", sh.d_model, lim.d_model), ("heads", sh.n_head, lim.heads),
-                                ("layers", sh.n_layer, lim.layers), ("vocab", sh.vocab, lim.vocab),
-                                ("seq_len", sh.n_positions, lim.seq_len)):
-            if have > cap:
-                raise UserError(f"model: {name} {have} exceeds the build's core.limits.{name} = {cap} "
-                                f"(by {have - cap}); use a larger config")
 
     # -- HBM image --------------------------------------------------------------------------
     def _matrix(self, rows, cols, make):

@@ -37,8 +37,6 @@ import numpy as np
 
 from hw.isa import BINARY_VOPS, REDUCE_VOPS, VOP_BY_CODE, VOPS, decode
 
-from .errors import UserError
-
 __all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "MODEL_SHAPES",
            "DFX"]
 
@@ -381,9 +379,9 @@ class StepCosts:
     linearly with its position: the attention over the KV cache)."""
 
     def __init__(self, cfg, shape, cards, *, overheads=Overheads(), allreduce="ring"):
-        from .compiler import CompiledModel
+        from .compiler import CompiledModel, check_limits
         from .model import Gpt2
-        check_fits(cfg, shape)
+        check_limits(cfg, shape, "--model-shape")
         model = Gpt2(shape, None)
         self.cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
         self.T, self.cfg, self.o = self.cms[0].T, cfg, overheads
@@ -444,13 +442,3 @@ def _weight_bytes(shape):
     d, F = shape.d_model, shape.d_ff
     per_layer = 3 * d * d + d * d + 2 * d * F
     return 2 * (shape.n_layer * per_layer + shape.vocab * d)
-
-
-def check_fits(cfg, shape):
-    lim = cfg.core.limits
-    for name, have, cap in (("d_model", shape.d_model, lim.d_model), ("heads", shape.n_head, lim.heads),
-                            ("layers", shape.n_layer, lim.layers), ("vocab", shape.vocab, lim.vocab),
-                            ("seq_len", shape.n_positions, lim.seq_len)):
-        if have > cap:
-            raise UserError(f"--model-shape: {name} {have} exceeds the config's core.limits.{name} "
-                            f"= {cap} (by {have - cap}); use a larger config")

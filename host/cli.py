@@ -16,6 +16,14 @@ from .errors import UserError
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _cards(args, cfg, least=1):
+    """--cards, or the config's count when it is not given; checked against least..16."""
+    cards = cfg.cards if args.cards is None else args.cards
+    if not least <= cards <= 16:
+        raise UserError(f"--cards: got {cards}; allowed: {least}..16")
+    return cards
+
+
 def _default_out(config_path):
     return ROOT / "build" / Path(config_path).stem
 
@@ -170,9 +178,7 @@ def cmd_collective(args):
     cfg = load_config(args.config)
     if args.elements < 1:
         raise UserError(f"--elements: got {args.elements}; allowed: at least 1")
-    cards = cfg.cards if args.cards is None else args.cards
-    if not 2 <= cards <= 16:
-        raise UserError(f"--cards: got {cards}; allowed: 2..16")
+    cards = _cards(args, cfg, least=2)
     for name in ("ber", "drop"):
         v = getattr(args, name)
         if not 0.0 <= v <= 1.0:
@@ -221,9 +227,7 @@ def cmd_run(args):
     from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_cards
     from .tokenizer import load_tokenizer
     cfg = load_config(args.config)
-    cards = cfg.cards if args.cards is None else args.cards
-    if not 1 <= cards <= 16:
-        raise UserError(f"--cards: got {cards}; allowed: 1..16")
+    cards = _cards(args, cfg)
     cfg = cfg.replace(cards=cards)
     model_dir = Path(args.model) if args.model else DEMO_MODEL
     model = load_checkpoint(model_dir)
@@ -297,9 +301,7 @@ def cmd_perf(args):
     else:
         raise UserError(f"--model-shape: got {args.model_shape!r}; allowed: {', '.join(SHAPES)}, or a "
                         f"Hugging Face GPT-2 directory or config.json")
-    cards = cfg.cards if args.cards is None else args.cards
-    if not 1 <= cards <= 16:
-        raise UserError(f"--cards: got {cards}; allowed: 1..16")
+    cards = _cards(args, cfg)
     if args.clock_mhz is not None and not 50 <= args.clock_mhz <= 1000:
         raise UserError(f"--clock-mhz: got {args.clock_mhz}; allowed: 50..1000")
     for flag, v in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens)):
@@ -312,8 +314,8 @@ def cmd_perf(args):
                         f"last token)")
     cfg = cfg.replace(cards=cards, clock_mhz=args.clock_mhz or cfg.clock_mhz)
     r = predict(cfg, shape, cards=cards, prompt=args.prompt_tokens, new_tokens=args.new_tokens)
-    from sim.bench import CALIBRATION
-    cal = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
+    from sim.bench import recorded_calibration
+    cal = recorded_calibration() or {}
     r = {"config": cfg.name, "model_shape": args.model_shape, **r,
          "calibration_error": cal.get("calibration_error"),
          "collective_model_error": cal.get("collective_error"),

@@ -37,8 +37,7 @@ import numpy as np
 
 from hw.isa import BINARY_VOPS, REDUCE_VOPS, VOP_BY_CODE, VOPS, decode
 
-__all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "MODEL_SHAPES",
-           "DFX"]
+__all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "DFX"]
 
 # Pipeline latencies of the arithmetic units (hw/arith; tests/test_perf.py checks them).
 ADD_LAT, MUL_LAT, MAX_LAT, CVT_LAT = 6, 4, 1, 2
@@ -50,6 +49,8 @@ VOP_LAT = {"ADD": ADD_LAT, "SUB": ADD_LAT, "MUL": MUL_LAT, "MAX": MAX_LAT, "MOV"
 SCOREBOARD = 8
 FETCH_CHUNK, FETCH_DEPTH = 16, 32
 DMA_RD_QUEUE = 4
+UNIT = {"LOAD": "dma_rd", "WLOAD": "dma_rd", "STORE": "dma_wr", "MATVEC": "mpu", "VEC": "vpu",
+        "COLL": "coll"}
 ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
 
 
@@ -116,7 +117,6 @@ class CardModel:
         insns = [decode(w) for w in words]
         n = len(insns)
         enter = np.zeros(n + 1, np.int64)       # cycle each instruction enters stage D
-        issue = np.zeros(n, np.int64)
         req = {}                                # fetch burst -> cycle requested
         arrive_prev = 0
         inflight = []                           # (done, reads, write)
@@ -148,29 +148,20 @@ class CardModel:
             op = ins.op
             f = ins.fields
             reads, write = self._ranges(op, f)
-
-            def clear(t, rs=reads, wr=write, inflight=inflight):
-                for done, er, ew in inflight:
-                    if done >= t and (any(_hits(wr, r) for r in er) or _hits(wr, ew)
-                                      or any(_hits(r, ew) for r in rs)):
-                        t = done + 1
-                return t
-
             if op in ("HALT", "FENCE"):
                 t = max([t] + [d + 1 for d, _, _ in inflight])
-                issue[i] = prev_issue = t
+                prev_issue = t
                 inflight = []
                 if op == "HALT":
                     t_end = t + o.halt
                     break
                 continue
-            t = clear(t)
+            t = _after_hazards(t, inflight, reads, write)
             live = sorted(d for d, _, _ in inflight if d >= t)
             if len(live) >= SCOREBOARD:
                 t = max(t, live[len(live) - SCOREBOARD] + 1)
-                t = clear(t)
-            unit = {"LOAD": "dma_rd", "WLOAD": "dma_rd", "STORE": "dma_wr", "MATVEC": "mpu",
-                    "VEC": "vpu", "COLL": "coll"}[op]
+                t = _after_hazards(t, inflight, reads, write)
+            unit = UNIT[op]
             if unit == "dma_rd":
                 pending = [d for d in dma_done if d >= t]
                 if len(pending) >= DMA_RD_QUEUE:
@@ -252,7 +243,7 @@ class CardModel:
                 mpu_busy_until = max(mpu_busy_until, done)
             else:
                 raise ValueError(f"perf model: instruction {op} at {i}")
-            issue[i] = prev_issue = t
+            prev_issue = t
             inflight = [e for e in inflight if e[0] >= t] + [(done, reads, write)]
             if self.trace is not None:
                 self.trace.append((i, op, t, int(done)))
@@ -299,6 +290,17 @@ def _hits(a, b):
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
+def _after_hazards(t, inflight, reads, write):
+    """The first cycle from ``t`` at which an instruction reading ``reads`` and writing
+    ``write`` conflicts with none of the in-flight (done, reads, write): it may not write what
+    one reads or writes, nor read what one writes (hw/core/issue.py)."""
+    for done, er, ew in inflight:
+        if done >= t and (any(_hits(write, r) for r in er) or _hits(write, ew)
+                          or any(_hits(r, ew) for r in reads)):
+            t = done + 1
+    return t
+
+
 def _chain(avail, gaps):
     """s[k] = max(s[k-1] + gaps[k], avail[k]) (s[0] = avail[0]), vectorized."""
     offs = np.cumsum(gaps)
@@ -317,22 +319,23 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring"):
     beat = cfg.link.data_bits // 8
     nb = -(-words // (beat // 4))
     dirs = 2 if cfg.topology == "bidirectional_ring" else 1
+    frame = max(1, cfg.link.chunk_bytes // beat)
+    lat = cfg.link.latency_cycles
+
+    def wire(beats):            # payload and a trailer beat per frame, at the line rate
+        return (beats + -(-beats // frame)) * beat / cfg.link_bytes_per_cycle
+
     if algorithm == "exchange":
         # Not built: every card sends its whole vector both ways (one way on a unidirectional
         # ring), each forwarded until it has reached every card, ceil((N-1)/2) hops; then
         # every card sums the N vectors in card order (one beat per cycle). A what-if.
         hops = -(-(cards - 1) // dirs)
-        wire = (nb + -(-nb // max(1, cfg.link.chunk_bytes // beat))) * beat / cfg.link_bytes_per_cycle
-        lat = cfg.link.latency_cycles
-        return int(math.ceil(hops * (lat + overheads.coll_hop + wire) + lat + (cards - 1) * nb))
+        return int(math.ceil(hops * (lat + overheads.coll_hop + wire(nb)) + lat + (cards - 1) * nb))
     if algorithm != "ring":
         raise ValueError(f"all-reduce algorithm {algorithm!r}")
     seg = -(-nb // (cards * dirs))                 # beats per step and direction
-    frame = max(1, cfg.link.chunk_bytes // beat)
-    wire = (seg + -(-seg // frame)) * beat / cfg.link_bytes_per_cycle
     steps = 2 * (cards - 1)
-    lat = cfg.link.latency_cycles
-    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + wire)))
+    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + wire(seg))))
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):
@@ -363,8 +366,6 @@ def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):
 
 
 # -- whole generations ---------------------------------------------------------------------------
-MODEL_SHAPES = ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")
-
 # DFX (Hong et al., MICRO'22), 4 x U280 at 200 MHz, FP16: figures read from the paper
 # (../shared/references.md); decode ms per output token, prefill ms per input token.
 DFX = {

@@ -16,7 +16,8 @@ from hw.isa import encode
 ROOT = Path(__file__).resolve().parent.parent
 
 __all__ = ["bench_core", "bench_collective", "plot_collective", "collective_table", "bench_run",
-           "run_table", "calibrate_perf", "bench_perf", "perf_table", "plot_roofline"]
+           "run_table", "calibrate_perf", "recorded_calibration", "bench_perf", "perf_table",
+           "plot_roofline"]
 
 # GPT-2 small's matrices (out x in): c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj.
 GPT2_SMALL_MATVECS = [(2304, 768), (768, 768), (3072, 768), (768, 3072)]
@@ -281,6 +282,11 @@ def run_table(result):
 CALIBRATION = ROOT / "docs" / "perf-calibration.json"
 
 
+def recorded_calibration():
+    """The last `gptfpga bench calibrate` result (docs/perf-calibration.json), or None."""
+    return json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else None
+
+
 def _calibration_cases():
     """(name, config, model factory, steps): the runs the model is held to. Each step is
     (tokens, first position); the KV cache is whatever the earlier steps left (the cycles do
@@ -369,7 +375,7 @@ def bench_perf(cfg, *, shapes=("gpt2-medium", "gpt2-large", "gpt2-xl"), cards=(1
                 log(f"  {shape} on {n} card(s) at {mhz} MHz: decode {rows[-1]['decode_ms_per_token']} "
                     f"ms/token ({rows[-1]['hbm_roofline_fraction']} of the HBM roofline)")
     what_if = _what_if(cfg, log)
-    cal = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else None
+    cal = recorded_calibration()
     return {"config": cfg.name, "source": "projected by the performance model (host/perf.py), "
             "not measured: no RTL appliance of several cards yet, and never on a board",
             "calibration_error": cal and cal["calibration_error"], "dfx": DFX, "rows": rows,

@@ -95,7 +95,8 @@ def eos_id(model_dir):
 
 class Cards:
     """A model compiled for N cards (one CompiledModel per card) on their devices: one card
-    alone, or the ISS ring (``ring``) whose COLLs join them."""
+    alone, or a ring (``ring``: the ISS's IssRing or the Verilated RtlAppliance) whose COLLs
+    join them."""
 
     def __init__(self, cms, devices, ring=None):
         self.cms, self.devices, self.ring = list(cms), list(devices), ring
@@ -114,7 +115,7 @@ class Cards:
             if self.ring is None:
                 counters = [self.devices[0].run(progs[0], self.cms[0].prog_addr, timeout_s=timeout_s)]
             else:
-                self.ring.run(progs, [cm.prog_addr for cm in self.cms])
+                self.ring.run(progs, [cm.prog_addr for cm in self.cms], timeout_s=timeout_s)
                 counters = [dev.counters() for dev in self.devices]
         except DeviceTimeout:
             raise UserError(f"device: the step at position {pos0} did not finish within "
@@ -141,9 +142,17 @@ def make_cards(cfg, model, backend, cards, *, xclbin=None):
     cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
     if cards == 1:
         return Cards(cms, [make_device(cfg, backend, xclbin=xclbin)])
+    if backend == "rtl":
+        if cfg.cards == 1:
+            raise UserError(f"--cards: {cards} cards on --backend rtl with config {cfg.name!r}: its card "
+                            f"kernel has no ring links (cards: 1 in the config); allowed: 1, or a "
+                            f"config with cards >= 2")
+        from sim.system import RtlAppliance
+        ring = RtlAppliance(cfg, cards)
+        return Cards(cms, ring.devices, ring)
     if backend != "iss":
-        raise UserError(f"--cards: {cards} cards on --backend {backend}: not yet (the card kernel "
-                        f"has no collective engine inside it); several cards run on --backend iss")
+        raise UserError(f"--cards: {cards} cards on --backend {backend}: not yet (the XRT path drives "
+                        f"one card); several cards run on --backend iss and rtl")
     from sim.ref.ring import IssRing
     ring = IssRing(cfg, cards)
     return Cards(cms, ring.devices, ring)

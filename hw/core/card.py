@@ -6,10 +6,11 @@
     weight FIFO    DmaRead -> Mpu
     VSP            Vpu, Mpu, DmaRead, DmaWrite through the segment arbiters
     XB             Vpu (CVT16) -> Mpu
+    r_tx/r_rx, l_tx/l_rx  <- CollUnit (COLL on the ring node; only when the config has cards > 1)
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import Out
@@ -18,6 +19,9 @@ from hw import regs
 from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature
 from hw.isa import ERROR_CODES
 
+from hw.collective.link import Beat
+
+from .coll import CollUnit
 from .ctrl import Control
 from .dma import DmaRead, DmaWrite
 from .fetch import Fetch
@@ -49,6 +53,8 @@ class Card(wiring.Component):
     m_axi_insn : Out(Axi4ReadSignature(data_bits=128))
     m_axi_hbm<k> : Out(Axi4Signature(data_bits=hbm.data_bits)), k < hbm.channels
     interrupt : Out(1)
+    r_tx, l_tx : Out(stream(Beat)); r_rx, l_rx : In(stream(Beat))  the ring links (cards > 1):
+        R to card i + 1, L to card i - 1 (hw/collective/node.py)
     """
 
     def __init__(self, cfg, *, watchdog=WATCHDOG):
@@ -65,6 +71,11 @@ class Card(wiring.Component):
         for k in range(self.C):
             members[f"m_axi_hbm{k}"] = Out(Axi4Signature(addr_bits=64, data_bits=self.DB))
         self.vsp_rows = c.vsp_words // c.vector_lanes
+        self.ring = cfg.cards > 1
+        if self.ring:
+            beat = stream.Signature(Beat(cfg.link.data_bits))
+            members.update({"r_tx": Out(beat), "r_rx": wiring.In(beat), "l_tx": Out(beat),
+                            "l_rx": wiring.In(beat)})
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -87,9 +98,22 @@ class Card(wiring.Component):
                                      vsp_rows=self.vsp_rows, xb_words=c.xb_words)
         m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=self.vsp_rows, xb_words=c.xb_words,
                                      width=c.width, red_max=cfg.reduce_max)
+        ring = ["coll"] if self.ring else []
         m.submodules.vsp = vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
-                                     readers=["vpu_a", "vpu_b", "mpu", "store"],
-                                     writers=["vpu", "mpu", "load"])
+                                     readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,
+                                     writers=["vpu", "mpu", "load"] + ring)
+        if self.ring:
+            m.submodules.coll = coll = CollUnit(cfg, timeout=self.watchdog // 2)
+            wiring.connect(m, issue.q_coll, coll.cmd)
+            m.d.comb += [issue.done_coll.eq(coll.done), issue.coll_err.eq(coll.err),
+                         issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(ctrl.card)]
+            wiring.connect(m, coll.rd, vsp.r_coll)
+            wiring.connect(m, coll.wr, vsp.w_coll)
+            wiring.connect(m, coll.r_tx, wiring.flipped(self.r_tx))
+            wiring.connect(m, wiring.flipped(self.r_rx), coll.r_rx)
+            wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
+            wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
+        m.d.comb += issue.card_reg.eq(ctrl.card)
         m.submodules.wfifo = wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
                                                       depth=c.weight_fifo_tiles)
         xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
@@ -139,13 +163,16 @@ class Card(wiring.Component):
                      xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
 
         # -- stop, watchdog, counters ------------------------------------------------------------
-        quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | (wfifo.level != 0) | fetch.busy)
+        coll_busy = coll.busy if self.ring else Const(0, 1)
+        quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | (wfifo.level != 0) | fetch.busy
+                  | coll_busy)
         m.d.comb += issue.quiet.eq(quiet)
         m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err)
         progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
                     | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
                     | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)
-                    | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready))
+                    | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready)
+                    | (coll.progress if self.ring else Const(0, 1)))
         idle_count = Signal(range(self.watchdog + 1))
         timeout = Signal()
         running = issue.running
@@ -184,8 +211,13 @@ class Card(wiring.Component):
         count("hbm_wr_bytes", dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2))
         count("issue_stall", live & issue.stall)
         count("mpu_starve", live & mpu.starve)
-        count("link_tx_bytes", Const(0, 1))
-        count("link_rx_bytes", Const(0, 1))
+        beat_bytes = cfg.link.data_bits // 8
+        if self.ring:
+            count("link_tx_bytes", coll.tx_beats != 0, coll.tx_beats * beat_bytes)
+            count("link_rx_bytes", coll.rx_beats != 0, coll.rx_beats * beat_bytes)
+        else:
+            count("link_tx_bytes", Const(0, 1))
+            count("link_rx_bytes", Const(0, 1))
         count("insns", issue.retired)
         return m
 

@@ -22,6 +22,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.isa import BINARY_VOPS, ERROR_CODES, FORMAT_BY_NAME, OPCODES, REDUCE_VOPS, VOPS
 
+from .coll import CollCmd, ring_ok
 from .dma import DmaReadCmd, StoreCmd
 from .fetch import FetchedInsn
 from .mpu import ACC_DEPTH, MatvecCmd
@@ -34,12 +35,13 @@ E = ERROR_CODES
 SPACE_VSP, SPACE_XB, SPACE_HBM = 0, 1, 2
 
 Range = data.StructLayout({"en": 1, "space": 2, "lo": 26, "hi": 26})
-UNITS = ("dma_rd", "dma_wr", "mpu", "vpu")
+UNITS = ("dma_rd", "dma_wr", "mpu", "vpu", "coll")
 UNIT_CODE = {u: i for i, u in enumerate(UNITS)}
-KIND = {"NONE": 0, "HALT": 1, "FENCE": 2, "LOAD": 3, "STORE": 4, "WLOAD": 5, "MATVEC": 6, "VEC": 7}
+KIND = {"NONE": 0, "HALT": 1, "FENCE": 2, "LOAD": 3, "STORE": 4, "WLOAD": 5, "MATVEC": 6, "VEC": 7,
+        "COLL": 8}
 
 Decoded = data.StructLayout({
-    "kind": 3, "err": 4, "pc": 24, "word": 128, "need": 28, "add": 24,
+    "kind": 4, "err": 4, "pc": 24, "word": 128, "need": 28, "add": 24,
     "rd1": Range, "rd2": Range, "wr": Range,
 })
 
@@ -65,7 +67,8 @@ class Issue(wiring.Component):
     """Members
     -------
     insn : In(stream(FetchedInsn)); exhausted : In(1); start : In(1); misaligned : In(1)
-    q_<unit> : Out(stream(cmd)) per unit; done_<unit> : In(1) per unit
+    q_<unit> : Out(stream(cmd)) per unit; done_<unit> : In(1) per unit (coll only with a ring)
+    card_reg : In(32) the ``card`` register; coll_err : In(1) with coll_err_pc : In(24)
     quiet : In(1)  (every unit idle, no tile left in flight: the stop can complete)
     axi_err : In(1)  (a data access got an error response)
     finish : Out(1) pulse; status : Out(32); stopping : Out(1); running : Out(1)
@@ -80,7 +83,13 @@ class Issue(wiring.Component):
         self.rows = cfg.channel_rows
         self.red_max = cfg.reduce_max
         self.fifo_depth = c.weight_fifo_tiles
+        self.ring = cfg.cards > 1                 # a collective unit is part of the card
+        self.B = cfg.link.data_bits // 32
+        self.units = UNITS if self.ring else UNITS[:-1]
+        ring = {"q_coll": Out(stream.Signature(CollCmd)), "done_coll": In(1), "coll_err": In(1),
+                "coll_err_pc": In(24)} if self.ring else {}
         super().__init__({
+            **ring, "card_reg": In(32),
             "insn": In(stream.Signature(FetchedInsn)),
             "exhausted": In(1), "start": In(1), "misaligned": In(1),
             "q_dma_rd": Out(stream.Signature(DmaReadCmd)),
@@ -216,6 +225,25 @@ class Issue(wiring.Component):
                 with m.If(binary):
                     m.d.comb += rng(d.rd2, SPACE_VSP, f["src2"], f["src2"] + b_n)
                 m.d.comb += rng(d.wr, Mux(cvt, SPACE_XB, SPACE_VSP), f["dst"], f["dst"] + d_n)
+            if self.ring:
+                with m.Case(OPCODES["COLL"]):
+                    f = {n: _field(w, "COLL", n) for n in ("cop", "src", "dst", "n")}
+                    lb = (self.B - 1).bit_length()
+                    words = ((f["n"] + (self.B - 1)) >> lb) << lb          # nb beats of B words
+                    out = Signal(26)
+                    m.d.comb += out.eq(Mux(f["cop"] == 0, words * self.card_reg[8:13], words))
+                    mis = (lambda v: v[0:pl] != 0) if pl else (lambda v: Const(0, 1))
+                    m.d.comb += d.kind.eq(KIND["COLL"])
+                    m.d.comb += d.err.eq(_first([
+                        (~ring_ok(self.card_reg) | (f["cop"] == 3), E["ILLEGAL_OPCODE"]),
+                        (f["n"] == 0, E["BAD_FIELD"]),
+                        (mis(f["src"]) | mis(f["dst"]), E["ALIGN"]),
+                        ((f["src"] + f["n"] > VW) | (f["dst"] + out > VW), E["VSP_RANGE"]),
+                        ((f["src"] != f["dst"]) & (f["src"] < f["dst"] + out)
+                         & (f["dst"] < f["src"] + f["n"]), E["OVERLAP"]),
+                    ]))
+                    m.d.comb += rng(d.rd1, SPACE_VSP, f["src"], f["src"] + f["n"])
+                    m.d.comb += rng(d.wr, SPACE_VSP, f["dst"], f["dst"] + out)
             with m.Default():
                 m.d.comb += [d.kind.eq(KIND["NONE"]), d.err.eq(E["ILLEGAL_OPCODE"])]
         with m.If(fetch_err):
@@ -250,7 +278,7 @@ class Issue(wiring.Component):
         for i in reversed(range(ENTRIES)):
             with m.If(~ev[i]):
                 m.d.comb += free.eq(i)
-        order = {u: SyncFIFO(width=3, depth=ENTRIES) for u in UNITS}
+        order = {u: SyncFIFO(width=3, depth=ENTRIES) for u in self.units}
         for u, fifo in order.items():
             m.submodules[f"order_{u}"] = fifo
             done = getattr(self, f"done_{u}")
@@ -275,7 +303,7 @@ class Issue(wiring.Component):
                                E["WEIGHT_OVERFLOW"],
                            Mux((kind == KIND["MATVEC"]) & (dq.need > avail), E["WEIGHT_UNDERFLOW"],
                            Mux((kind == KIND["HALT"]) & (avail != 0), E["WEIGHT_LEFTOVER"], 0)))))
-        unit = Signal(2)
+        unit = Signal(3)
         with m.Switch(kind):
             with m.Case(KIND["LOAD"], KIND["WLOAD"]):
                 m.d.comb += unit.eq(UNIT_CODE["dma_rd"])
@@ -283,6 +311,8 @@ class Issue(wiring.Component):
                 m.d.comb += unit.eq(UNIT_CODE["dma_wr"])
             with m.Case(KIND["MATVEC"]):
                 m.d.comb += unit.eq(UNIT_CODE["mpu"])
+            with m.Case(KIND["COLL"]):
+                m.d.comb += unit.eq(UNIT_CODE["coll"])
             with m.Default():
                 m.d.comb += unit.eq(UNIT_CODE["vpu"])
         w = dq.word
@@ -302,7 +332,11 @@ class Issue(wiring.Component):
         for q, op in ((self.q_dma_wr, "STORE"), (self.q_mpu, "MATVEC"), (self.q_vpu, "VEC")):
             for name in q.payload.shape().members:
                 m.d.comb += getattr(q.payload, name).eq(lo(op, name))
-        queues = {"dma_rd": self.q_dma_rd, "dma_wr": self.q_dma_wr, "mpu": self.q_mpu, "vpu": self.q_vpu}
+        queues = {u: getattr(self, f"q_{u}") for u in self.units}
+        if self.ring:
+            for name in ("cop", "src", "dst", "n"):
+                m.d.comb += getattr(self.q_coll.payload, name).eq(lo("COLL", name))
+            m.d.comb += self.q_coll.payload.pc.eq(dq.pc)
         # valid never depends on ready: `want` is everything but the queue's ready.
         q_ready = Signal()
         o_ready = Signal()
@@ -339,6 +373,8 @@ class Issue(wiring.Component):
             m.d.sync += ev.eq(new_ev)
 
         # -- run / stop ---------------------------------------------------------------------------
+        coll_err = self.coll_err if self.ring else Const(0, 1)
+
         def stop_with(code, pc):
             code = Const(code, 4) if isinstance(code, int) else code
             return [status.eq(Cat(code, Const(0, 4), pc)), state_run.eq(0), state_stop.eq(1)]
@@ -351,6 +387,8 @@ class Issue(wiring.Component):
         with m.Elif(state_run):
             with m.If(self.axi_err):
                 m.d.sync += stop_with(E["AXI_ERROR"], dq.pc)
+            with m.Elif(coll_err):
+                m.d.sync += stop_with(E["RING_ERROR"], self.coll_err_pc)
             with m.Elif(dv & (err != 0)):
                 m.d.sync += stop_with(err, dq.pc)
             with m.Elif(dv & (kind == KIND["HALT"]) & empty):
@@ -361,6 +399,8 @@ class Issue(wiring.Component):
         with m.Elif(state_stop):
             with m.If(self.axi_err & (status[0:4] == 0)):
                 m.d.sync += status[0:4].eq(E["AXI_ERROR"])
+            with m.Elif(coll_err & (status[0:4] == 0)):
+                m.d.sync += status.eq(Cat(Const(E["RING_ERROR"], 8), self.coll_err_pc))
             with m.If(empty & self.quiet):
                 m.d.sync += state_stop.eq(0)
                 m.d.comb += self.finish.eq(1)

@@ -1,7 +1,13 @@
-// Verilator harness of one card kernel with its HBM channels, built as a shared library and
-// driven from Python through ctypes (sim/system.py). No Python runs per clock: the host calls
-// reg_write/reg_read (AXI4-Lite transactions), hbm_write/hbm_read (backdoor memcpy) and
-// run(max_cycles), which clocks the model until the kernel's interrupt rises.
+// Verilator harness of an appliance: N card kernels, each with its HBM channels, joined in a
+// ring by link models (sim_common.h) when the card has link ports; built as a shared library
+// and driven from Python through ctypes (sim/system.py). No Python runs per clock: the host
+// calls reg_write/reg_read (AXI4-Lite transactions on one card), hbm_write/hbm_read (backdoor
+// memcpy) and run(mask, max_cycles), which clocks every card until the interrupts of the cards
+// in the mask are all high. All cards share one clock: register transactions on one card
+// clock the others too.
+//
+// Ring: card i's port R sends on link right[i] to card i + 1's port L; card i + 1's port L
+// sends on link left[i] back to card i's port R. One card alone has its link ports idle.
 //
 // HBM channel model, per AXI port: reads accepted while fewer than `max_outstanding` bursts
 // are open; a burst's first beat leaves `latency` cycles after its AR; beats in order, one per
@@ -20,35 +26,14 @@
 #include <vector>
 
 #include "Vcard.h"
+#include "sim_common.h"
 #include "verilated.h"
 
 namespace {
 
-struct Port {
-    void* p = nullptr;
-    int bits = 0;
-    uint64_t get() const {
-        if (bits <= 8) return *static_cast<uint8_t*>(p);
-        if (bits <= 16) return *static_cast<uint16_t*>(p);
-        if (bits <= 32) return *static_cast<uint32_t*>(p);
-        return *static_cast<uint64_t*>(p);
-    }
-    void set(uint64_t v) const {
-        if (bits <= 8) *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v);
-        else if (bits <= 16) *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
-        else if (bits <= 32) *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
-        else *static_cast<uint64_t*>(p) = v;
-    }
-    // Wide values as little-endian bytes (Verilator keeps them as 32-bit words, low first).
-    void get_bytes(uint8_t* out, int n) const {
-        if (bits <= 64) { uint64_t v = get(); std::memcpy(out, &v, n); }
-        else std::memcpy(out, p, n);
-    }
-    void set_bytes(const uint8_t* in, int n) const {
-        if (bits <= 64) { uint64_t v = 0; std::memcpy(&v, in, n); set(v); }
-        else std::memcpy(p, in, n);
-    }
-};
+using gptfpga::Link;
+
+using gptfpga::Port;
 
 struct Axi {
     Port arid, araddr, arlen, arvalid, arready, rid, rdata, rresp, rlast, rvalid, rready;
@@ -149,23 +134,28 @@ struct Slave {
     }
 };
 
-struct Sim {
-    std::unique_ptr<VerilatedContext> ctx;
+struct LinkPorts { Port tx_valid, tx_ready, tx_payload, rx_valid, rx_ready, rx_payload; };
+
+struct Card {
     std::unique_ptr<Vcard> top;
     std::vector<std::unique_ptr<Memory>> mems;
     std::vector<Slave> slaves;
     Port awaddr, awvalid, awready, wdata, wstrb, wvalid, wready, bresp, bvalid, bready;
     Port araddr, arvalid, arready, rdata, rresp, rvalid, rready;
-    uint64_t cycle = 0;
-    std::vector<uint8_t> buf, wbuf, sbuf;
+    bool has_link = false;
+    LinkPorts r, l;
+    int link_beat = 0;
+    // handshakes sampled before the edge
+    struct H { bool ar, r, aw, w, b; uint64_t ar_addr, aw_addr; int ar_len, aw_len; };
+    std::vector<H> hs;
+    std::vector<std::vector<uint8_t>> wd, ws;
+    bool r_tx = false, l_tx = false, r_rx = false, l_rx = false;
+    std::vector<uint8_t> r_beat, l_beat;
 
-    void clock() {
-        for (auto& s : slaves) s.drive(cycle, buf);
-        top->eval();
-        // Sample the handshakes the coming edge will make.
-        struct H { bool ar, r, aw, w, b; uint64_t ar_addr, aw_addr; int ar_len, aw_len; };
-        std::vector<H> hs(slaves.size());
-        std::vector<std::vector<uint8_t>> wd(slaves.size()), ws(slaves.size());
+    void sample() {
+        hs.resize(slaves.size());
+        wd.resize(slaves.size());
+        ws.resize(slaves.size());
         for (size_t i = 0; i < slaves.size(); i++) {
             Axi& a = slaves[i].a;
             H& h = hs[i];
@@ -188,116 +178,215 @@ struct Sim {
                 }
             }
         }
-        top->ap_clk = 1;
-        top->eval();
-        top->ap_clk = 0;
-        top->eval();
+        if (has_link) {
+            r_tx = r.tx_valid.get() && r.tx_ready.get();
+            l_tx = l.tx_valid.get() && l.tx_ready.get();
+            r_rx = r.rx_valid.get() && r.rx_ready.get();
+            l_rx = l.rx_valid.get() && l.rx_ready.get();
+            r_beat.resize(link_beat + 8);
+            l_beat.resize(link_beat + 8);
+            if (r_tx) r.tx_payload.get_bytes(r_beat.data(), link_beat + 1);
+            if (l_tx) l.tx_payload.get_bytes(l_beat.data(), link_beat + 1);
+        }
+    }
+
+    void update(uint64_t cycle) {
         for (size_t i = 0; i < slaves.size(); i++) {
             H& h = hs[i];
             slaves[i].update(cycle, h.ar, h.r, h.aw, h.w, h.b, h.ar_addr, h.ar_len, h.aw_addr,
                              h.aw_len, wd[i], ws[i]);
         }
+    }
+};
+
+struct Sim {
+    std::unique_ptr<VerilatedContext> ctx;
+    std::vector<std::unique_ptr<Card>> cards;
+    std::vector<Link> right, left;     // right[i]: i.R -> (i+1).L ; left[i]: (i+1).L -> i.R
+    std::mt19937_64 rng;
+    uint64_t cycle = 0;
+    std::vector<uint8_t> buf;
+
+    bool ring() const { return cards.size() > 1 && cards[0]->has_link; }
+
+    void clock() {
+        size_t n = cards.size();
+        for (auto& c : cards) {
+            for (auto& s : c->slaves) s.drive(cycle, buf);
+            if (c->has_link && !ring()) {           // alone: the link ports see nothing
+                c->r.tx_ready.set(0); c->l.tx_ready.set(0);
+                c->r.rx_valid.set(0); c->l.rx_valid.set(0);
+            }
+        }
+        if (ring()) {
+            for (size_t i = 0; i < n; i++) {
+                Card& c = *cards[i];
+                Link& in_l = right[(i + n - 1) % n];   // from i-1's R into my L
+                Link& in_r = left[i];                  // from i+1's L into my R
+                bool lv = in_l.head(cycle), rv = in_r.head(cycle);
+                c.l.rx_valid.set(lv);
+                if (lv) in_l.head_payload(c.l.rx_payload, c.link_beat);
+                c.r.rx_valid.set(rv);
+                if (rv) in_r.head_payload(c.r.rx_payload, c.link_beat);
+                c.r.tx_ready.set(right[i].ready(c.link_beat));
+                c.l.tx_ready.set(left[(i + n - 1) % n].ready(c.link_beat));
+            }
+        }
+        for (auto& c : cards) c->top->eval();
+        for (auto& c : cards) c->sample();
+        for (auto& c : cards) { c->top->ap_clk = 1; c->top->eval(); }
+        for (auto& c : cards) { c->top->ap_clk = 0; c->top->eval(); }
+        for (auto& c : cards) c->update(cycle);
+        if (ring()) {
+            for (size_t i = 0; i < n; i++) {
+                Card& c = *cards[i];
+                int bb = c.link_beat;
+                if (c.l_rx) right[(i + n - 1) % n].q.pop_front();
+                if (c.r_rx) left[i].q.pop_front();
+                if (c.r_tx) right[i].inject(c.r_beat.data(), c.r_beat[bb] & 1, bb, cycle, rng);
+                if (c.l_tx) left[(i + n - 1) % n].inject(c.l_beat.data(), c.l_beat[bb] & 1, bb, cycle, rng);
+            }
+            for (auto& L : right) L.refill(cards[0]->link_beat);
+            for (auto& L : left) L.refill(cards[0]->link_beat);
+        }
         cycle++;
     }
 };
 
-#include "card_ports.h"   // generated: bind(Sim&) fills the ports of this config's top
+#include "card_ports.h"   // generated: bind(Card&) fills the ports of this config's top
 
 }  // namespace
 
 extern "C" {
 
-void* sim_new(int channels, uint64_t channel_bytes, int latency, double bytes_per_cycle,
-              int max_outstanding) {
+void* sim_new(int ncards, int channels, uint64_t channel_bytes, int latency, double bytes_per_cycle,
+              int max_outstanding, int link_latency, double link_bytes_per_cycle, uint64_t seed) {
     auto* s = new Sim();
     s->ctx = std::make_unique<VerilatedContext>();
-    s->top = std::make_unique<Vcard>(s->ctx.get());
-    for (int c = 0; c < channels; c++) {
-        s->mems.push_back(std::make_unique<Memory>(channel_bytes));
-        if (!s->mems.back()->base) { delete s; return nullptr; }
+    s->rng.seed(seed);
+    for (int i = 0; i < ncards; i++) {
+        s->cards.push_back(std::make_unique<Card>());
+        Card& c = *s->cards.back();
+        c.top = std::make_unique<Vcard>(s->ctx.get());
+        for (int k = 0; k < channels; k++) {
+            c.mems.push_back(std::make_unique<Memory>(channel_bytes));
+            if (!c.mems.back()->base) { delete s; return nullptr; }
+        }
+        c.slaves.resize(channels + 1);
+        for (int k = 0; k <= channels; k++) {
+            Slave& sl = c.slaves[k];
+            sl.mem = c.mems[k == channels ? 0 : k].get();
+            sl.latency = latency;
+            sl.max_out = max_outstanding;
+            sl.bytes_per_cycle = bytes_per_cycle;
+        }
+        bind(c);
     }
-    s->slaves.resize(channels + 1);
-    for (int c = 0; c <= channels; c++) {
-        Slave& sl = s->slaves[c];
-        sl.mem = s->mems[c == channels ? 0 : c].get();
-        sl.latency = latency;
-        sl.max_out = max_outstanding;
-        sl.bytes_per_cycle = bytes_per_cycle;
-    }
-    bind(*s);
+    s->right.resize(ncards);
+    s->left.resize(ncards);
+    for (auto* links : {&s->right, &s->left})
+        for (auto& L : *links) { L.latency = link_latency; L.bytes_per_cycle = link_bytes_per_cycle; }
     s->buf.resize(256);
-    s->top->ap_rst_n = 0;
-    s->top->ap_clk = 0;
+    for (auto& c : s->cards) { c->top->ap_rst_n = 0; c->top->ap_clk = 0; }
     for (int i = 0; i < 8; i++) s->clock();
-    s->top->ap_rst_n = 1;
+    for (auto& c : s->cards) c->top->ap_rst_n = 1;
     s->clock();
     return s;
 }
 
 void sim_free(void* p) { delete static_cast<Sim*>(p); }
 
-int hbm_write(void* p, int ch, uint64_t off, const uint8_t* data, uint64_t n) {
+static Memory* channel(void* p, int card, int ch) {
     auto* s = static_cast<Sim*>(p);
-    Memory* m = s->mems.at(ch).get();
+    return s->cards.at(card)->mems.at(ch).get();
+}
+
+int hbm_write(void* p, int card, int ch, uint64_t off, const uint8_t* data, uint64_t n) {
+    Memory* m = channel(p, card, ch);
     if (off + n > m->size) return -1;
     std::memcpy(m->base + off, data, n);
     return 0;
 }
 
-int hbm_read(void* p, int ch, uint64_t off, uint8_t* data, uint64_t n) {
-    auto* s = static_cast<Sim*>(p);
-    Memory* m = s->mems.at(ch).get();
+int hbm_read(void* p, int card, int ch, uint64_t off, uint8_t* data, uint64_t n) {
+    Memory* m = channel(p, card, ch);
     if (off + n > m->size) return -1;
     std::memcpy(data, m->base + off, n);
     return 0;
 }
 
-// AXI4-Lite transactions; each returns -1 if the slave does not answer within 1000 cycles.
-int reg_write(void* p, uint32_t addr, uint32_t value) {
+// AXI4-Lite transactions on one card; each returns -1 if it does not answer within 1000 cycles.
+int reg_write(void* p, int card, uint32_t addr, uint32_t value) {
     auto* s = static_cast<Sim*>(p);
-    s->awaddr.set(addr); s->wdata.set(value); s->wstrb.set(0xF);
-    s->awvalid.set(1); s->wvalid.set(1); s->bready.set(1);
+    Card& c = *s->cards.at(card);
+    c.awaddr.set(addr); c.wdata.set(value); c.wstrb.set(0xF);
+    c.awvalid.set(1); c.wvalid.set(1); c.bready.set(1);
     bool aw = false, w = false;
     for (int i = 0; i < 1000; i++) {
-        s->top->eval();
-        bool aw_now = s->awvalid.get() && s->awready.get();
-        bool w_now = s->wvalid.get() && s->wready.get();
-        bool b_now = s->bvalid.get() && s->bready.get();
+        c.top->eval();
+        bool aw_now = c.awvalid.get() && c.awready.get();
+        bool w_now = c.wvalid.get() && c.wready.get();
+        bool b_now = c.bvalid.get() && c.bready.get();
         s->clock();
-        if (aw_now) { aw = true; s->awvalid.set(0); }
-        if (w_now) { w = true; s->wvalid.set(0); }
-        if (b_now && aw && w) { s->bready.set(0); return 0; }
+        if (aw_now) { aw = true; c.awvalid.set(0); }
+        if (w_now) { w = true; c.wvalid.set(0); }
+        if (b_now && aw && w) { c.bready.set(0); return 0; }
     }
     return -1;
 }
 
-int64_t reg_read(void* p, uint32_t addr) {
+int64_t reg_read(void* p, int card, uint32_t addr) {
     auto* s = static_cast<Sim*>(p);
-    s->araddr.set(addr); s->arvalid.set(1); s->rready.set(1);
+    Card& c = *s->cards.at(card);
+    c.araddr.set(addr); c.arvalid.set(1); c.rready.set(1);
     bool ar = false;
     for (int i = 0; i < 1000; i++) {
-        s->top->eval();
-        bool ar_now = s->arvalid.get() && s->arready.get();
-        bool r_now = s->rvalid.get() && s->rready.get();
-        uint64_t v = s->rdata.get();
+        c.top->eval();
+        bool ar_now = c.arvalid.get() && c.arready.get();
+        bool r_now = c.rvalid.get() && c.rready.get();
+        uint64_t v = c.rdata.get();
         s->clock();
-        if (ar_now) { ar = true; s->arvalid.set(0); }
-        if (r_now && ar) { s->rready.set(0); return static_cast<int64_t>(v & 0xFFFFFFFFu); }
+        if (ar_now) { ar = true; c.arvalid.set(0); }
+        if (r_now && ar) { c.rready.set(0); return static_cast<int64_t>(v & 0xFFFFFFFFu); }
     }
     return -1;
 }
 
-// Clock until the interrupt line is high; returns the cycles run, or -1 after max_cycles.
-int64_t run(void* p, uint64_t max_cycles) {
+// Clock until the interrupt of every card in `mask` is high; returns the cycles run, or -1
+// after max_cycles.
+int64_t run(void* p, uint64_t mask, uint64_t max_cycles) {
     auto* s = static_cast<Sim*>(p);
     for (uint64_t i = 0; i < max_cycles; i++) {
-        s->top->eval();
-        if (s->top->__SYM__interrupt) return static_cast<int64_t>(i);  // the Vitis `interrupt` port
+        bool all = true;
+        for (size_t k = 0; k < s->cards.size(); k++) {
+            if (!(mask >> k & 1)) continue;
+            s->cards[k]->top->eval();
+            all = all && s->cards[k]->top->__SYM__interrupt;   // the Vitis `interrupt` port
+        }
+        if (all) return static_cast<int64_t>(i);
         s->clock();
     }
     return -1;
 }
 
 uint64_t cycles(void* p) { return static_cast<Sim*>(p)->cycle; }
+
+// Fault injection on link right[i] (dir 0) or left[i] (dir 1).
+int set_link(void* p, int i, int dir, double ber, double drop) {
+    auto* s = static_cast<Sim*>(p);
+    if (i < 0 || static_cast<size_t>(i) >= s->right.size()) return -1;
+    Link& L = dir ? s->left[i] : s->right[i];
+    L.ber = ber;
+    L.drop = drop;
+    return 0;
+}
+
+// Frames sent with a wrong CRC field on any link (a sender bug), and frames dropped/bits flipped.
+void link_stats(void* p, uint64_t* out) {
+    auto* s = static_cast<Sim*>(p);
+    out[0] = out[1] = out[2] = out[3] = 0;
+    for (auto* links : {&s->right, &s->left})
+        for (auto& L : *links) { out[0] += L.bad_frames; out[1] += L.frames; out[2] += L.dropped; out[3] += L.flipped; }
+}
 
 }  // extern "C"

@@ -1,13 +1,9 @@
 // N collective nodes (hw/collective/node.py) in a ring, joined by link models, as a shared
 // library driven from Python through ctypes (sim/fabric.py). No Python runs per clock.
 //
-// Link model, one per direction of each neighbour pair: a beat is accepted from the sender
-// while a byte bucket refilled at the line rate (bytes_per_cycle) holds a beat's worth; it
-// reaches the receiver `latency` cycles later, in order. Faults: each frame is dropped whole
-// with probability `drop` (1.0 is a dead link), and every bit of a beat flips with
-// probability `ber`. The network buffers whatever is in flight (the link layer's credits
-// bound it). Each node's memory is a byte array served by its engine's read ports (data the
-// next cycle) and write ports.
+// One link model (sim_common.h) per direction of each neighbour pair. Each node's memory is a
+// byte array served by its engine's read ports (data after a configurable latency) and write
+// ports.
 
 #include <array>
 #include <cstdint>
@@ -18,51 +14,13 @@
 #include <vector>
 
 #include "Vnode.h"
+#include "sim_common.h"
 #include "verilated.h"
 
 namespace {
 
-struct Port {
-    void* p = nullptr;
-    int bits = 0;
-    uint64_t get() const {
-        if (bits <= 8) return *static_cast<uint8_t*>(p);
-        if (bits <= 16) return *static_cast<uint16_t*>(p);
-        if (bits <= 32) return *static_cast<uint32_t*>(p);
-        if (bits <= 64) return *static_cast<uint64_t*>(p);
-        return static_cast<uint32_t*>(p)[0] | (static_cast<uint64_t>(static_cast<uint32_t*>(p)[1]) << 32);
-    }
-    void set(uint64_t v) const {
-        if (bits <= 8) *static_cast<uint8_t*>(p) = static_cast<uint8_t>(v);
-        else if (bits <= 16) *static_cast<uint16_t*>(p) = static_cast<uint16_t>(v);
-        else if (bits <= 32) *static_cast<uint32_t*>(p) = static_cast<uint32_t>(v);
-        else if (bits <= 64) *static_cast<uint64_t*>(p) = v;
-        else {
-            auto* w = static_cast<uint32_t*>(p);
-            int words = (bits + 31) / 32;
-            for (int i = 0; i < words; i++) w[i] = 0;
-            w[0] = static_cast<uint32_t>(v);
-            w[1] = static_cast<uint32_t>(v >> 32);
-        }
-    }
-    void get_bytes(uint8_t* out, int n) const {
-        if (bits <= 64) { uint64_t v = get(); std::memcpy(out, &v, n); }
-        else std::memcpy(out, p, n);
-    }
-    void set_bytes(const uint8_t* in, int n) const {
-        if (bits <= 64) { uint64_t v = 0; std::memcpy(&v, in, n); set(v); }
-        else {
-            int words = (bits + 31) / 32;
-            std::memset(p, 0, words * 4);
-            std::memcpy(p, in, n);
-        }
-    }
-    bool bit(int i) const { return (static_cast<uint32_t*>(p)[i / 32] >> (i % 32)) & 1; }
-    void set_bit(int i, bool b) const {
-        auto* w = static_cast<uint32_t*>(p);
-        if (b) w[i / 32] |= 1u << (i % 32); else w[i / 32] &= ~(1u << (i % 32));
-    }
-};
+using gptfpga::Link;
+using gptfpga::Port;
 
 struct MemRd { Port en, ready, addr, rvalid, data; };   // requests with backpressure, in-order replies
 struct MemWr { Port en, ready, addr, data; };
@@ -78,36 +36,6 @@ struct NodePorts {
 };
 
 #include "node_ports.h"   // generated: bind(Vnode*, NodePorts&) and DATA_BITS
-
-struct Beat { std::vector<uint8_t> data; bool last; uint64_t due; };
-
-uint32_t crc32(const uint8_t* d, size_t n) {
-    static uint32_t table[256];
-    static bool init = false;
-    if (!init) {
-        for (uint32_t i = 0; i < 256; i++) {
-            uint32_t c = i;
-            for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-            table[i] = c;
-        }
-        init = true;
-    }
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; i++) c = table[(c ^ d[i]) & 0xFF] ^ (c >> 8);
-    return c ^ 0xFFFFFFFFu;
-}
-
-struct Link {
-    std::deque<Beat> q;
-    std::vector<uint8_t> frame;    // the frame being sent, for the CRC self-check
-    uint64_t bad_frames = 0;       // frames whose CRC field is wrong as sent (a sender bug)
-    std::vector<std::vector<uint8_t>> bad_log;
-    double bucket = 0, bytes_per_cycle = 0;
-    int latency = 0;
-    double ber = 0, drop = 0;
-    bool dropping = false, at_frame_start = true;
-    uint64_t frames = 0, dropped = 0, flipped = 0;
-};
 
 struct Stats { uint64_t retx = 0, crc = 0, tx_r = 0, tx_l = 0, rx_r = 0, rx_l = 0; };
 
@@ -130,44 +58,6 @@ struct Fabric {
         return mem_stall > 0 && std::uniform_real_distribution<double>(0, 1)(mem_rng) < mem_stall;
     }
 
-    void inject(Link& L, const uint8_t* data, bool last) {
-        Beat b{std::vector<uint8_t>(data, data + beat_bytes), last, cycle + L.latency};
-        L.frame.insert(L.frame.end(), data, data + beat_bytes);
-        if (last) {
-            size_t t = L.frame.size() - beat_bytes;     // the trailer beat
-            uint32_t field;
-            std::memcpy(&field, &L.frame[t + 12], 4);
-            std::memset(&L.frame[t + 12], 0, 4);
-            if (crc32(L.frame.data(), L.frame.size()) != field) {
-                L.bad_frames++;
-                if (L.bad_log.size() < 8) {
-                    std::vector<uint8_t> rec(L.frame.begin() + t, L.frame.begin() + t + 16);
-                    rec.push_back(static_cast<uint8_t>(L.frame.size() / beat_bytes));
-                    std::memcpy(&rec[12], &field, 4);
-                    L.bad_log.push_back(rec);
-                }
-            }
-            L.frame.clear();
-        }
-        if (L.at_frame_start) {
-            L.frames++;
-            L.dropping = L.drop > 0 && std::uniform_real_distribution<double>(0, 1)(rng) < L.drop;
-            if (L.dropping) L.dropped++;
-        }
-        L.at_frame_start = last;
-        if (L.dropping) return;
-        if (L.ber > 0) {
-            std::binomial_distribution<int> flips(DATA_BITS, L.ber);
-            int k = flips(rng);
-            for (int i = 0; i < k; i++) {
-                int bit = std::uniform_int_distribution<int>(0, DATA_BITS - 1)(rng);
-                b.data[bit / 8] ^= static_cast<uint8_t>(1u << (bit % 8));
-                L.flipped++;
-            }
-        }
-        L.q.push_back(std::move(b));
-    }
-
     void step() {
         size_t n = nodes.size();
         // Inputs: link heads, bandwidth-limited readiness, memory read data.
@@ -175,24 +65,14 @@ struct Fabric {
             NodePorts& p = ports[i];
             Link& in_l = right[(i + n - 1) % n];   // from i-1's R into my L
             Link& in_r = left[i];                  // from i+1's L into my R
-            bool lv = !in_l.q.empty() && in_l.q.front().due <= cycle;
+            bool lv = in_l.head(cycle);
             p.l_rx_valid.set(lv);
-            if (lv) {
-                std::vector<uint8_t> buf(in_l.q.front().data);
-                buf.resize(beat_bytes + 1);
-                buf[beat_bytes] = in_l.q.front().last;
-                p.l_rx_payload.set_bytes(buf.data(), beat_bytes + 1);
-            }
-            bool rv = !in_r.q.empty() && in_r.q.front().due <= cycle;
+            if (lv) in_l.head_payload(p.l_rx_payload, beat_bytes);
+            bool rv = in_r.head(cycle);
             p.r_rx_valid.set(rv);
-            if (rv) {
-                std::vector<uint8_t> buf(in_r.q.front().data);
-                buf.resize(beat_bytes + 1);
-                buf[beat_bytes] = in_r.q.front().last;
-                p.r_rx_payload.set_bytes(buf.data(), beat_bytes + 1);
-            }
-            p.r_tx_ready.set(right[i].bucket >= beat_bytes);
-            p.l_tx_ready.set(left[(i + n - 1) % n].bucket >= beat_bytes);
+            if (rv) in_r.head_payload(p.r_rx_payload, beat_bytes);
+            p.r_tx_ready.set(right[i].ready(beat_bytes));
+            p.l_tx_ready.set(left[(i + n - 1) % n].ready(beat_bytes));
             for (int k = 0; k < 4; k++) {
                 auto& q = replies[i][k];
                 bool v = !q.empty() && q.front().due <= cycle;
@@ -211,14 +91,11 @@ struct Fabric {
             if (p.r_rx_valid.get() && p.r_rx_ready.get()) left[i].q.pop_front();
             if (p.r_tx_valid.get() && p.r_tx_ready.get()) {
                 p.r_tx_payload.get_bytes(tmp.data(), beat_bytes + 1);
-                right[i].bucket -= beat_bytes;
-                inject(right[i], tmp.data(), tmp[beat_bytes] & 1);
+                right[i].inject(tmp.data(), tmp[beat_bytes] & 1, beat_bytes, cycle, rng);
             }
             if (p.l_tx_valid.get() && p.l_tx_ready.get()) {
                 p.l_tx_payload.get_bytes(tmp.data(), beat_bytes + 1);
-                Link& L = left[(i + n - 1) % n];
-                L.bucket -= beat_bytes;
-                inject(L, tmp.data(), tmp[beat_bytes] & 1);
+                left[(i + n - 1) % n].inject(tmp.data(), tmp[beat_bytes] & 1, beat_bytes, cycle, rng);
             }
             for (int k = 0; k < 4; k++) {
                 auto& q = replies[i][k];
@@ -245,8 +122,8 @@ struct Fabric {
         }
         for (auto& t : nodes) { t->clk = 1; t->eval(); }
         for (auto& t : nodes) { t->clk = 0; t->eval(); }
-        for (auto& L : right) L.bucket = std::min(L.bucket + L.bytes_per_cycle, 4.0 * beat_bytes);
-        for (auto& L : left) L.bucket = std::min(L.bucket + L.bytes_per_cycle, 4.0 * beat_bytes);
+        for (auto& L : right) L.refill(beat_bytes);
+        for (auto& L : left) L.refill(beat_bytes);
         cycle++;
     }
 };

@@ -30,10 +30,10 @@ class IssRing:
         self.B = cfg.link.data_bits // 32
         self.bidirectional = cfg.topology == "bidirectional_ring"
 
-    def run(self, programs, prog_addr):
+    def run(self, programs, prog_addr, *, timeout_s=None):
         """Load ``programs[i]`` into card i at ``prog_addr`` (one address, or one per card) and
         run them all; returns the status words. Counters are read from each device as after a
-        run."""
+        run. (``timeout_s`` is for the RTL ring's interface: the ISS always ends.)"""
         gens, status, waiting = [], [None] * self.N, [None] * self.N
         addrs = prog_addr if isinstance(prog_addr, (list, tuple)) else [prog_addr] * self.N
         for dev, words, prog_addr in zip(self.devices, programs, addrs, strict=True):

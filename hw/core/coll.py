@@ -1,0 +1,320 @@
+"""The collective unit: COLL instructions executed by the card's ring node (hw/collective).
+
+    COLL -> geometry -> segment tables -> (all-gather: own block into place) -> node run
+                                  VSP <-> width adapters <-> node memory ports
+
+The node moves link beats of B = link.data_bits / 32 words; the scratchpad moves rows of P
+(vector_lanes) words, so each beat is R = B / P rows. The unit computes what the driver of
+the bare node (sim/fabric.py) writes by hand, from the instruction and the ``card``
+register: nb = ceil(n / B) beats, the ring parts (all of it one way, or ceil(nb / 2) beats
+right and the rest left on a bidirectional ring) and each part's N segments,
+start_j = floor(j pb / N), found with one 16-step division per part and a running remainder.
+Then:
+
+- all-gather runs in place: the unit first copies the card's own input (zero-padded to nb
+  beats) to its block at dst + card * nb * B, and the node sends every block from there;
+- reduce-scatter and all-reduce read the input at src (words past n read as +0, the
+  padding of the ISA) and write the result at dst.
+
+The node's three memory ports per ring direction share one VSP read port and one VSP write
+port of this unit, arbitrated round-robin per beat; each beat is R row accesses, so the
+unit moves at most P words a cycle each way (the link's 62.5 B/cycle needs P >= 16).
+
+Errors (RING_ERROR, with the pc of the COLL): a link whose retries ran out, a frame the
+schedule did not expect (a peer that disagrees on the COLL), or ``timeout`` cycles without a
+beat on either link (a peer that never reaches its COLL). After one the ring's link state is
+unknown: the unit refuses further COLLs (RING_ERROR at once) until the kernel is reset.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+from hw.collective.engine import MAX_CARDS, OP_AG
+from hw.collective.link import Beat
+from hw.collective.node import CollNode, node_kwargs, node_params
+
+from .vsp import ReadPort, WritePort
+
+__all__ = ["CollCmd", "CollUnit", "ring_ok"]
+
+CollCmd = data.StructLayout({"cop": 2, "src": 16, "dst": 16, "n": 16, "pc": 24})
+DIV_BITS = 16          # nb <= 65535 / B + 1 < 2^16 for B >= 2
+
+
+def ring_ok(card_reg):
+    """The ``card`` register describes a ring this unit can run: 2..MAX_CARDS cards, id < cards."""
+    card, cards = card_reg[0:8], card_reg[8:16]
+    return (cards >= 2) & (cards <= MAX_CARDS) & (card < cards)
+
+
+def _log2(v):
+    assert v & (v - 1) == 0, v
+    return v.bit_length() - 1
+
+
+class CollUnit(wiring.Component):
+    """Members
+    -------
+    cmd : In(stream(CollCmd)); done : Out(1) pulse per COLL (with ``err`` on a RING_ERROR)
+    err : Out(1) pulse; err_pc : Out(24); busy : Out(1); progress : Out(1) pulse
+    card_reg : In(32)  the ``card`` register (id, cards)
+    r_tx, r_rx, l_tx, l_rx : the link ports (stream of Beat)
+    rd : Out(ReadPort); wr : Out(WritePort)  one VSP port each way
+    tx_beats, rx_beats : Out(2)  payload beats sent / received this cycle
+    """
+
+    def __init__(self, cfg, *, timeout):
+        c = cfg.core
+        self.P = c.vector_lanes
+        self.params = node_params(cfg)
+        self.D = self.params.data_bits
+        self.B = self.D // 32
+        if self.B % self.P:
+            from gen.config import ConfigError
+            raise ConfigError(f"core.vector_lanes: got {self.P}; the collective unit needs a divisor "
+                              f"of link.data_bits / 32 = {self.B}")
+        self.R = self.B // self.P
+        self.row_bits = (c.vsp_words // self.P - 1).bit_length()
+        self.bidir = cfg.topology == "bidirectional_ring"
+        self.timeout = timeout
+        self.node = CollNode(**node_kwargs(cfg))
+        beat = stream.Signature(Beat(self.D))
+        super().__init__({
+            "cmd": In(stream.Signature(CollCmd)),
+            "done": Out(1), "err": Out(1), "err_pc": Out(24), "busy": Out(1), "progress": Out(1),
+            "card_reg": In(32),
+            "r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat), "l_rx": In(beat),
+            "rd": Out(ReadPort(self.row_bits, self.P)), "wr": Out(WritePort(self.row_bits, self.P)),
+            "tx_beats": Out(2), "rx_beats": Out(2),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.node = node = self.node
+        P, B, R, D = self.P, self.B, self.R, self.D
+        lb, lr = _log2(B), _log2(R)
+        F = self.params.frame_beats
+        lf = _log2(F)
+        RW = self.row_bits
+        wiring.connect(m, node.r_tx, wiring.flipped(self.r_tx))
+        wiring.connect(m, wiring.flipped(self.r_rx), node.r_rx)
+        wiring.connect(m, node.l_tx, wiring.flipped(self.l_tx))
+        wiring.connect(m, wiring.flipped(self.l_rx), node.l_rx)
+        m.d.comb += [self.tx_beats.eq(node.pay_tx), self.rx_beats.eq(node.pay_rx)]
+
+        # -- the instruction and its geometry ---------------------------------------------------
+        cop, src, dst, n, pc = (Signal(2), Signal(16), Signal(16), Signal(16), Signal(24))
+        nb = Signal(DIV_BITS + 1)
+        N = Signal(range(MAX_CARDS + 1))
+        me = Signal(range(MAX_CARDS))
+        m.d.comb += [N.eq(self.card_reg[8:16]), me.eq(self.card_reg[0:8])]
+        is_ag = cop == OP_AG
+        part = Signal()                                   # 0: right-hand ring, 1: left-hand
+        pb0 = Signal(DIV_BITS + 1)
+        m.d.comb += pb0.eq((nb + 1) >> 1 if self.bidir else nb)
+        pb = Mux(part, nb - pb0, pb0)
+        p0 = Mux(part, pb0, 0)
+        max_r, max_l = Signal(24), Signal(24)
+        dead = Signal()
+        m.d.comb += [node.op.eq(cop), node.fp16.eq(0), node.cards.eq(N), node.card.eq(me),
+                     node.bidir.eq(int(self.bidir)), node.chunk_log2.eq(lf),
+                     node.group.eq(self.params.group), node.src.eq(0), node.dst.eq(0),
+                     node.max_chunks_r.eq(max_r), node.max_chunks_l.eq(max_l)]
+
+        # division pb = qp N + rp (restoring, one bit a cycle), then the table's running sums
+        dvd, qp, rp = Signal(DIV_BITS), Signal(DIV_BITS), Signal(range(2 * MAX_CARDS))
+        step = Signal(range(DIV_BITS + 1))
+        j = Signal(range(MAX_CARDS + 1))
+        s0, racc, jnb = Signal(DIV_BITS + 1), Signal(range(2 * MAX_CARDS)), Signal(24)
+        rem2 = Cat(dvd[DIV_BITS - 1], rp)                 # (rp << 1) | next dividend bit
+        carry = (racc + rp) >= N
+        seg_beats = Mux(is_ag, pb, qp + carry)
+        seg_at = Mux(is_ag, jnb + p0, s0 + p0)
+        longest = Mux(is_ag, pb, qp + (rp != 0))
+        chunks = (longest + (F - 1)) >> lf
+
+        # all-gather's copy of the own block: rows k < nb R, from src to dst + me nb R rows
+        k = Signal(DIV_BITS + lr + 1)
+        own_row = Signal(24)
+        cdata = Signal(32 * P)
+        src_row = src >> _log2(P)
+        dst_row = dst >> _log2(P)
+
+        def lane_mask(word0, limit):
+            return Cat(*[(word0 + lane) < limit for lane in range(P)])
+
+        def masked(rdata, mask):
+            return Cat(*[Mux(mask[lane], rdata[32 * lane:32 * lane + 32], 0) for lane in range(P)])
+
+        # -- beat <-> row adapters (active while the node runs) ------------------------------------
+        running = Signal()
+        rports = [node.mem_r_rd_src, node.mem_r_rd_op, node.mem_l_rd_src, node.mem_l_rd_op]
+        wports = [node.mem_r_wr, node.mem_l_wr]
+        AG_LIMIT = 1 << 22                                # all-gather reads its padded block
+        # reads: a request is one beat, R row reads; replies routed back in order
+        route = SyncFIFO(width=2, depth=4)
+        m.submodules.route = route
+        r_last, r_sel = Signal(2), Signal(2)
+        r_busy, r_j = Signal(), Signal(range(R))
+        r_row, r_word, r_lim, r_base = Signal(RW + 1), Signal(24), Signal(23), Signal(RW)
+        r_mask = Signal(P)
+        en = Cat(*[p.en for p in rports])
+        with m.Switch(r_last):
+            for last in range(4):
+                with m.Case(last):
+                    for q in reversed([(last + 1 + o) % 4 for o in range(4)]):
+                        with m.If(en[q]):
+                            m.d.comb += r_sel.eq(q)
+        r_take = running & ~dead & ~r_busy & en.any() & route.w_rdy
+        for q, port in enumerate(rports):
+            is_src = q % 2 == 0
+            m.d.comb += port.ready.eq(r_take & (r_sel == q))
+            with m.If(r_take & (r_sel == q)):
+                base = Mux(is_ag, dst_row, src_row) if is_src else src_row
+                lim = Mux(is_ag, AG_LIMIT, n) if is_src else n
+                m.d.sync += [r_busy.eq(1), r_j.eq(0), r_last.eq(q), r_base.eq(src_row),
+                             r_row.eq(base + (port.addr[0:DIV_BITS + 1] << lr)),
+                             r_word.eq(port.addr[0:DIV_BITS + 1] << lb), r_lim.eq(lim)]
+        m.d.comb += [route.w_en.eq(r_take), route.w_data.eq(r_sel)]
+        word_now = r_word + (r_j << _log2(P))
+        past = word_now >= r_lim
+        # rows wholly past the input read a row that exists (src's first) and are masked to zero
+        c_req = Signal()
+        c_row = Signal(RW)
+        with m.If(running):
+            m.d.comb += [self.rd.req.valid.eq(r_busy),
+                         self.rd.req.payload.eq(Mux(past, r_base, r_row + r_j))]
+        with m.Else():
+            m.d.comb += [self.rd.req.valid.eq(c_req), self.rd.req.payload.eq(c_row)]
+        with m.If(running & r_busy & self.rd.req.ready):
+            m.d.sync += r_mask.eq(lane_mask(word_now, r_lim))
+            with m.If(r_j == R - 1):
+                m.d.sync += r_busy.eq(0)
+            with m.Else():
+                m.d.sync += r_j.eq(r_j + 1)
+        # collector: R rows make a beat, row 0 in the low bits
+        acc = Signal(D)
+        a_j = Signal(range(R))
+        row_in = masked(self.rd.rdata, r_mask)
+        beat = Cat(acc[32 * P:], row_in) if R > 1 else row_in
+        deliver = running & self.rd.rvalid & (a_j == R - 1)
+        with m.If(running & self.rd.rvalid):
+            m.d.sync += acc.eq(beat)
+            m.d.sync += a_j.eq(Mux(a_j == R - 1, 0, a_j + 1))
+        m.d.comb += route.r_en.eq(deliver)
+        for q, port in enumerate(rports):
+            m.d.comb += [port.rvalid.eq(deliver & (route.r_data == q)), port.data.eq(beat)]
+
+        # writes: one beat at a time, R row writes
+        w_last, w_sel = Signal(), Signal()
+        w_busy, w_j = Signal(), Signal(range(R))
+        w_row, w_buf = Signal(RW + 1), Signal(D)
+        both = wports[0].en & wports[1].en
+        m.d.comb += w_sel.eq(Mux(both, ~w_last, wports[1].en))
+        w_take = running & ~dead & ~w_busy & (wports[0].en | wports[1].en)
+        for q, port in enumerate(wports):
+            m.d.comb += port.ready.eq(w_take & (w_sel == q))
+            with m.If(w_take & (w_sel == q)):
+                m.d.sync += [w_busy.eq(1), w_j.eq(0), w_last.eq(q), w_buf.eq(port.data),
+                             w_row.eq(dst_row + (port.addr[0:DIV_BITS + 1] << lr))]
+        c_wr = Signal()
+        c_wrow = Signal(RW + 1)
+        with m.If(running):
+            m.d.comb += [self.wr.req.valid.eq(w_busy), self.wr.req.payload.row.eq(w_row + w_j),
+                         self.wr.req.payload.mask.eq(Const((1 << P) - 1, P)),
+                         self.wr.req.payload.data.eq(w_buf[0:32 * P])]
+        with m.Else():
+            m.d.comb += [self.wr.req.valid.eq(c_wr), self.wr.req.payload.row.eq(c_wrow),
+                         self.wr.req.payload.mask.eq(Const((1 << P) - 1, P)),
+                         self.wr.req.payload.data.eq(cdata)]
+        with m.If(running & w_busy & self.wr.req.ready):
+            m.d.sync += w_buf.eq(w_buf >> (32 * P))
+            with m.If(w_j == R - 1):
+                m.d.sync += w_busy.eq(0)
+            with m.Else():
+                m.d.sync += w_j.eq(w_j + 1)
+
+        # -- progress and the no-progress timeout -----------------------------------------------------
+        wire = node.tx_beat_r | node.tx_beat_l | node.rx_beat_r | node.rx_beat_l
+        grant = (self.rd.req.valid & self.rd.req.ready) | (self.wr.req.valid & self.wr.req.ready)
+        m.d.comb += self.progress.eq(wire | grant | self.done)
+        idle = Signal(range(self.timeout + 1))
+
+        # -- the sequence ---------------------------------------------------------------------------
+        m.d.comb += self.err_pc.eq(pc)
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    p = self.cmd.payload
+                    m.d.sync += [cop.eq(p.cop), src.eq(p.src), dst.eq(p.dst), n.eq(p.n), pc.eq(p.pc),
+                                 nb.eq((p.n + (B - 1)) >> lb), part.eq(0)]
+                    with m.If(dead):
+                        m.next = "FAIL"
+                    with m.Else():
+                        m.next = "DIV0"
+            with m.State("DIV0"):
+                m.d.sync += [dvd.eq(pb), qp.eq(0), rp.eq(0), step.eq(0)]
+                m.next = "DIV"
+            with m.State("DIV"):
+                ge = rem2 >= N
+                m.d.sync += [rp.eq(Mux(ge, rem2 - N, rem2)), qp.eq(Cat(ge, qp)), dvd.eq(dvd << 1),
+                             step.eq(step + 1)]
+                with m.If(step == DIV_BITS - 1):
+                    m.d.sync += [j.eq(0), s0.eq(0), racc.eq(0), jnb.eq(0)]
+                    m.next = "TABLE"
+            with m.State("TABLE"):
+                m.d.comb += [node.seg_we.eq(1), node.seg_left.eq(part), node.seg_addr.eq(j),
+                             node.seg_data.src.eq(seg_at), node.seg_data.dst.eq(seg_at),
+                             node.seg_data.beats.eq(seg_beats)]
+                m.d.sync += [j.eq(j + 1), s0.eq(s0 + seg_beats), jnb.eq(jnb + nb),
+                             racc.eq(Mux(carry, racc + rp - N, racc + rp))]
+                with m.If(j == N - 1):
+                    with m.If(part):
+                        m.d.sync += max_l.eq(chunks)
+                    with m.Else():
+                        m.d.sync += [max_r.eq(chunks), max_l.eq(0)]
+                    with m.If(~part if self.bidir else Const(0, 1)):
+                        m.d.sync += part.eq(1)
+                        m.next = "DIV0"
+                    with m.Elif(is_ag):
+                        m.d.sync += [k.eq(0), own_row.eq(dst_row + me * (nb << lr))]
+                        m.next = "COPY_RD"
+                    with m.Else():
+                        m.next = "START"
+            with m.State("COPY_RD"):
+                with m.If(k == (nb << lr)):
+                    m.next = "START"
+                with m.Else():
+                    m.d.comb += [c_req.eq(1),
+                                 c_row.eq(Mux((k << _log2(P)) >= n, src_row, src_row + k))]
+                    with m.If(self.rd.req.ready):
+                        m.next = "COPY_DATA"
+            with m.State("COPY_DATA"):
+                m.d.sync += cdata.eq(masked(self.rd.rdata, lane_mask(k << _log2(P), n)))
+                m.next = "COPY_WR"
+            with m.State("COPY_WR"):
+                m.d.comb += [c_wr.eq(1), c_wrow.eq(own_row + k)]
+                with m.If(self.wr.req.ready):
+                    m.d.sync += k.eq(k + 1)
+                    m.next = "COPY_RD"
+            with m.State("START"):
+                m.d.comb += node.start.eq(1)
+                m.d.sync += idle.eq(0)
+                m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += running.eq(1)
+                m.d.sync += idle.eq(Mux(self.progress, 0, idle + 1))
+                with m.If(node.link_error.any() | node.order_error | (idle == self.timeout)):
+                    m.next = "FAIL"
+                with m.Elif(~node.busy & ~r_busy & ~w_busy & ~route.r_rdy):
+                    m.d.comb += self.done.eq(1)
+                    m.next = "IDLE"
+            with m.State("FAIL"):
+                m.d.comb += [self.done.eq(1), self.err.eq(1)]
+                m.d.sync += dead.eq(1)
+                m.next = "IDLE"
+        m.d.comb += self.busy.eq(~self.cmd.ready)
+        return m

@@ -1,0 +1,158 @@
+"""COLL on the Verilated appliance: N card kernels joined by link models, against the ISS ring.
+
+Each card LOADs its own random fp32 vector, runs a sequence of all-reduces (in place and not),
+all-gathers and reduce-scatters of sizes the ring does not divide, some of them overlapping
+other work, and dumps its whole VSP; the HBM images, status words and link byte counters must
+equal the ISS ring's (sim/ref/ring.py) bit for bit. Then the failure cases: a peer that stops
+before its COLL, a card with no ring, a lossy link.
+"""
+
+import numpy as np
+import pytest
+
+from gen.config import load_config
+from hw import regs
+from hw.isa import ERROR_CODES, encode
+from sim.progs import Layout, ProgramGen, read_stripes, write_stripes
+from sim.ref.ring import IssRing
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_config(ROOT / "configs" / "tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def card_lib(tiny):
+    from sim.system import build_card
+    lib, _, _ = build_card(tiny)
+    return lib
+
+
+def _program(cfg, lay, cards):
+    """LOAD the card's vector, then COLLs of several kinds and sizes, a VEC between them, the
+    VSP dump and HALT."""
+    P = cfg.core.vector_lanes
+    n_in = 1024
+    prog = [encode("LOAD", vsp=0, n=n_in, row=lay.data_rows[0], f32=1)]
+    cases = [  # (cop, src, dst, n)
+        (2, 0, 2048, 1),            # one word: one beat, segments of zero beats
+        (2, 0, 2048, 37),
+        (0, 0, 4096, 37),           # all-gather, out of place
+        (1, 0, 6144, 400),          # reduce-scatter, N does not divide 25 beats
+        (2, 512, 512, 300),         # all-reduce in place
+        (2, 0, 9216, 1024),         # 64 beats: one frame per segment
+        (0, 0, 0, 40),              # all-gather with src == dst: block 0 lands on the input
+    ]
+    for k, (cop, src, dst, n) in enumerate(cases):
+        prog.append(encode("COLL", cop=cop, src=src, dst=dst, n=n))
+        if k == 2:              # independent vector work overlapping a collective
+            prog.append(encode("VEC", vop="EXP", dst=12288, src1=0, n=256))
+        if k == 4:              # a reader of the in-place result waits for it
+            prog.append(encode("VEC", vop="ADD", dst=12800, src1=512, src2=512, n=P * 75))
+    gen = ProgramGen(cfg, np.random.default_rng(0), lay)
+    return prog + gen.dump(cfg.core.vsp_words) + [encode("HALT")]
+
+
+def _inputs(cfg, lay, cards, seed):
+    rng = np.random.default_rng(seed)
+    print(f"seed {seed}")
+    x = (rng.standard_normal((cards, 1024)) * np.exp(rng.uniform(-3, 3, (cards, 1024)))).astype(np.float32)
+    x[:, 5] = [np.float32(1e30) * (1 if i % 2 else -1) for i in range(cards)]   # cancellation
+    x[0, 6] = np.float32("inf")
+    return x
+
+
+def _run_both(cfg, cards, seed, lib, *, setup=None):
+    from sim.system import RtlAppliance
+    lay = Layout(cfg)
+    prog = _program(cfg, lay, cards)
+    x = _inputs(cfg, lay, cards, seed)
+    iss = IssRing(cfg, cards)
+    rtl = RtlAppliance(cfg, cards, lib=lib)
+    if setup:
+        setup(rtl)
+    for ring in (iss, rtl):
+        for i, dev in enumerate(ring.devices):
+            write_stripes(dev, cfg, lay.data_rows[0], x[i].view(np.uint8))
+    st_iss = iss.run([prog] * cards, lay.prog_addr)
+    st_rtl = rtl.run([prog] * cards, lay.prog_addr, timeout_s=600)
+    return lay, prog, iss, rtl, st_iss, st_rtl
+
+
+@pytest.mark.parametrize("cards", [2, 3])
+def test_coll_matches_iss_ring(tiny, card_lib, cards, seed):
+    lay, prog, iss, rtl, st_iss, st_rtl = _run_both(tiny, cards, seed + cards, card_lib)
+    assert st_iss == [(len(prog) - 1) << 8] * cards, st_iss
+    assert st_rtl == st_iss
+    for i in range(cards):
+        a = read_stripes(iss.devices[i], tiny, lay.dump_row, lay.dump_rows)
+        b = read_stripes(rtl.devices[i], tiny, lay.dump_row, lay.dump_rows)
+        bad = np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))
+        assert bad.size == 0, f"card {i}: {bad.size} VSP words differ, first at word {bad[:8]}"
+        ci, cr = iss.devices[i].counters(), rtl.devices[i].counters()
+        for k in ("link_tx_bytes", "link_rx_bytes", "insns", "hbm_rd_bytes", "hbm_wr_bytes"):
+            assert cr[k] == ci[k], (i, k, cr[k], ci[k])
+        assert cr["link_tx_bytes"] > 0
+    assert rtl.link_stats()["bad_crc_frames"] == 0
+
+
+def test_coll_survives_a_lossy_link(tiny, card_lib, seed):
+    def faults(rtl):
+        rtl.set_link(0, +1, ber=2e-5, drop=0.05)
+        rtl.set_link(1, -1, drop=0.05)
+    lay, prog, iss, rtl, st_iss, st_rtl = _run_both(tiny, 2, seed, card_lib, setup=faults)
+    assert st_rtl == st_iss == [(len(prog) - 1) << 8] * 2
+    for i in range(2):
+        a = read_stripes(iss.devices[i], tiny, lay.dump_row, lay.dump_rows)
+        b = read_stripes(rtl.devices[i], tiny, lay.dump_row, lay.dump_rows)
+        assert np.array_equal(a, b), f"card {i}"
+    s = rtl.link_stats()
+    assert s["dropped"] > 0 and s["flipped"] > 0 and s["bad_crc_frames"] == 0
+
+
+def test_peer_that_never_arrives_is_a_ring_error(tiny, card_lib):
+    """Card 1 stops at a misaligned LOAD before its COLL: card 0's COLL ends with RING_ERROR at
+    the COLL's pc, within the collective unit's no-progress timeout (half the watchdog)."""
+    from sim.system import RtlAppliance
+    lay = Layout(tiny)
+    coll = encode("COLL", cop=2, src=0, dst=1024, n=64)
+    progs = [[encode("FENCE"), coll, encode("HALT")],
+             [encode("LOAD", vsp=2, n=4, row=0), coll, encode("HALT")]]
+    iss = IssRing(tiny, 2)
+    want = iss.run(progs, lay.prog_addr)
+    assert want == [(1 << 8) | ERROR_CODES["RING_ERROR"], ERROR_CODES["ALIGN"]]
+    rtl = RtlAppliance(tiny, 2, lib=card_lib)
+    assert rtl.run(progs, lay.prog_addr, timeout_s=300) == want
+    # the ring is down until reset: a further COLL fails at once
+    assert rtl.devices[0].run([coll, encode("HALT")], lay.prog_addr)["status"] == ERROR_CODES["RING_ERROR"]
+
+
+def test_coll_without_a_ring_is_illegal(tiny, card_lib):
+    """One card alone (cards field 0 in the ``card`` register): COLL is ILLEGAL_OPCODE, as on
+    the lone ISS; the checks of the instruction itself in the ISS ring's order."""
+    from sim.ref.iss import IssDevice
+    from sim.system import RtlAppliance
+    lay = Layout(tiny)
+    app = RtlAppliance(tiny, 1, lib=card_lib)
+    dev = app.devices[0]
+    coll = encode("COLL", cop=2, src=0, dst=1024, n=64)
+    for d in (IssDevice(tiny), dev):
+        assert d.run([encode("FENCE"), coll, encode("HALT")], lay.prog_addr)["status"] == \
+            (1 << 8) | ERROR_CODES["ILLEGAL_OPCODE"]
+    # with a ring in the register, the instruction's own checks, as the ISS ring makes them
+    vw = tiny.core.vsp_words
+    cases = [(dict(cop=3, src=0, dst=1024, n=4), "ILLEGAL_OPCODE"),
+             (dict(cop=2, src=0, dst=1024, n=0), "BAD_FIELD"),
+             (dict(cop=2, src=2, dst=1024, n=4), "ALIGN"),
+             (dict(cop=0, src=0, dst=vw - 32, n=20), "VSP_RANGE"),
+             (dict(cop=2, src=0, dst=8, n=20), "OVERLAP")]
+    for fields, name in cases:
+        dev.write_reg(regs.ARGS["card"][0], 0 | 2 << 8)
+        got = dev.run([encode("COLL", **fields), encode("HALT")], lay.prog_addr)["status"]
+        assert got == ERROR_CODES[name], (fields, name, got)
+        ring = IssRing(tiny, 2)
+        st = ring.run([[encode("COLL", **fields), encode("HALT")]] * 2, lay.prog_addr)
+        assert st[0] == ERROR_CODES[name], (fields, st)

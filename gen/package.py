@@ -3,7 +3,8 @@
 Writes, under ``build/<config>/vitis/``:
 
     gptfpga_card.v       the Verilog, top module ``gptfpga_card`` (ap_clk, ap_rst_n,
-                         s_axi_control, m_axi_insn, m_axi_hbm<k>, interrupt)
+                         s_axi_control, m_axi_insn, m_axi_hbm<k>, interrupt, and with cards > 1
+                         the ring links axis_{r,l}_{tx,rx})
     kernel.xml           ports and arguments, as package_xo reads them
     package_kernel.tcl   Vivado batch script: package the IP and write gptfpga_card.xo
     link.cfg             v++ link config: m_axi_hbm<k> -> HBM[k], m_axi_insn -> HBM[0]
@@ -21,6 +22,7 @@ from xml.sax.saxutils import quoteattr
 from hw import regs
 
 from .emit import port_table
+from .tops import LINKS
 
 __all__ = ["package", "KERNEL", "PLATFORM", "kernel_args", "verilog_ports"]
 
@@ -40,7 +42,21 @@ def kernel_args(cfg):
             args.append((name, len(args), "s_axi_control", off, bits // 8, C_TYPES[bits], False))
     for k in range(cfg.hbm.channels):
         args.append((f"hbm{k}", len(args), f"m_axi_hbm{k}", regs.hbm_ptr(k), 8, "void*", True))
+    if cfg.cards > 1:       # the ring links: streams, last (the host sets no value for them)
+        ctype = f"stream<ap_axiu<{cfg.link.data_bits},0,0,0>>&"
+        for link in LINKS:
+            args.append((f"link_{link}", len(args), f"axis_{link}", 0, 4, ctype, None))
     return args
+
+
+def _streams(ports):
+    """{bundle: (data width, mode)} of the AXI4-Stream ports among the flattened ports."""
+    out = {}
+    for name, d, bits in ports:
+        m = re.fullmatch(r"(axis_\w+?)_tdata", name)
+        if m:
+            out[m.group(1)] = (bits, "write_only" if d == "out" else "read_only")
+    return out
 
 
 def _axi_masters(ports):
@@ -66,9 +82,12 @@ def kernel_xml(cfg, ports):
     for bundle, bits in masters.items():
         lines.append(f'      <port name="{bundle}" mode="master" range="0xFFFFFFFFFFFFFFFF" '
                      f'dataWidth="{bits}" portType="addressable" base="0x0"/>')
+    for bundle, (bits, mode) in _streams(ports).items():
+        lines.append(f'      <port name="{bundle}" mode="{mode}" dataWidth="{bits}" portType="stream"/>')
     lines += ["    </ports>", "    <args>"]
     for name, i, port, off, size, ctype, ptr in kernel_args(cfg):
-        lines.append(f'      <arg name="{name}" addressQualifier="{int(ptr)}" id="{i}" port="{port}" '
+        qual = 4 if ptr is None else int(ptr)                       # 4: a stream
+        lines.append(f'      <arg name="{name}" addressQualifier="{qual}" id="{i}" port="{port}" '
                      f'size="0x{size:x}" offset="0x{off:x}" type={quoteattr(ctype)} hostOffset="0x0" '
                      f'hostSize="0x{size:x}"/>')
     lines += ["    </args>", "  </kernel>", "</root>"]
@@ -90,7 +109,8 @@ ipx::package_project -root_dir $here/ip -vendor gptfpga.org -library kernel -tax
 set core [ipx::current_core]
 ipx::infer_bus_interfaces xilinx.com:interface:aximm_rtl:1.0 $core
 ipx::associate_bus_interfaces -busif s_axi_control -clock ap_clk $core
-foreach busif {{{" ".join(masters)}}} {{
+ipx::infer_bus_interfaces xilinx.com:interface:axis_rtl:1.0 $core
+foreach busif {{{" ".join([*masters, *_streams(ports)])}}} {{
     ipx::associate_bus_interfaces -busif $busif -clock ap_clk $core
 }}
 ipx::associate_bus_interfaces -clock ap_clk -reset ap_rst_n $core
@@ -115,9 +135,13 @@ def link_cfg(cfg):
              "# lives in channel 0's buffer).",
              "[connectivity]", f"nk={KERNEL}:1:card", "sp=card.m_axi_insn:HBM[0]"]
     lines += [f"sp=card.m_axi_hbm{k}:HBM[{k}]" for k in range(cfg.hbm.channels)]
-    lines += ["", "# The ring links (AXI4-Stream, to a 100G network kernel such as a CMAC kernel) join",
-              "# here once the collective engine is part of the card kernel; this kernel has none yet.",
-              "", "[clock]", f"freqHz={int(cfg.clock_mhz * 1e6)}:card.ap_clk", ""]
+    if cfg.cards > 1:
+        lines += ["", "# The ring links: AXI4-Stream ports to the board's network kernel (a 100G CMAC",
+                  "# or Aurora kernel for QSFP0/QSFP1, not generated here). Name yours and uncomment:"]
+        for link, qsfp in (("r", 0), ("l", 1)):
+            lines += [f"# stream_connect=card.axis_{link}_tx:<network kernel>.<tx stream of QSFP{qsfp}>",
+                      f"# stream_connect=<network kernel>.<rx stream of QSFP{qsfp}>:card.axis_{link}_rx"]
+    lines += ["", "[clock]", f"freqHz={int(cfg.clock_mhz * 1e6)}:card.ap_clk", ""]
     return "\n".join(lines)
 
 

@@ -227,8 +227,7 @@ def cmd_run(args):
     from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_cards
     from .tokenizer import load_tokenizer
     cfg = load_config(args.config)
-    cards = _cards(args, cfg)
-    cfg = cfg.replace(cards=cards)
+    cards = _cards(args, cfg)       # cfg stays as loaded: its card count decides the card kernel
     model_dir = Path(args.model) if args.model else DEMO_MODEL
     model = load_checkpoint(model_dir)
     tok = load_tokenizer(model_dir)

@@ -252,7 +252,7 @@ def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_to
     from host.runtime import DEMO_MODEL, generate
     from host.tokenizer import load_tokenizer
     from sim.system import RtlDevice
-    cfg1 = cfg.replace(cards=1)
+    cfg1 = cfg                        # the config's own card kernel, run alone
     model = load_checkpoint(DEMO_MODEL)
     ids = load_tokenizer(DEMO_MODEL).encode(prompt)
     cm = CompiledModel(cfg1, model)
@@ -294,7 +294,7 @@ def _calibration_cases():
     from gen.config import load_config
     from host.model import Gpt2Shape, load_checkpoint, random_gpt2
     from host.runtime import DEMO_MODEL
-    tiny = load_config(ROOT / "configs" / "tiny.yaml").replace(cards=1)
+    tiny = load_config(ROOT / "configs" / "tiny.yaml")
     medium = load_config(ROOT / "configs" / "medium.yaml")
     small2 = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=1024, n_positions=128)
     return [

@@ -62,12 +62,13 @@ def _ports_header(ports):
         lines.append(f"    s.slaves[{k}].a.{sig} = {ref(f'm_axi_insn_{sig}')};")
     for sig in LITE:
         lines.append(f"    s.{sig} = {ref(f's_axi_control_{sig}')};")
-    if "r_tx_valid" in ports:
+    if "axis_r_tx_tdata" in ports:
         lines.append("    s.has_link = true;")
-        lines.append(f"    s.link_beat = {(ports['r_tx_payload'] - 1) // 8};")
+        lines.append(f"    s.link_beat = {ports['axis_r_tx_tdata'] // 8};")
         for side in "rl":
-            for sig in ("tx_valid", "tx_ready", "tx_payload", "rx_valid", "rx_ready", "rx_payload"):
-                lines.append(f"    s.{side}.{sig} = {ref(f'{side}_{sig}')};")
+            for d in ("tx", "rx"):
+                for sig in ("data", "last", "valid", "ready"):
+                    lines.append(f"    s.{side}.{d}_{sig} = {ref(f'axis_{side}_{d}_t{sig}')};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -30,8 +30,21 @@ def test_kernel_xml_ports_exist_in_verilog(packaged):
     assert kern.get("name") == KERNEL == regs.KERNEL
     xml_ports = {p.get("name"): p for p in kern.find("ports")}
     masters = [n for n in xml_ports if n.startswith("m_axi_")]
+    streams = {n: p for n, p in xml_ports.items() if p.get("portType") == "stream"}
+    assert sorted(streams) == sorted(f"axis_{s}_{d}" for s in "rl" for d in ("tx", "rx"))   # 2 cards
+    for name, p in streams.items():
+        out = name.endswith("tx")
+        assert p.get("mode") == ("write_only" if out else "read_only")
+        width = int(p.get("dataWidth"))
+        assert width == cfg.link.data_bits
+        assert ports[f"{name}_tdata"] == ("out" if out else "in", width)
+        assert ports[f"{name}_tvalid"] == ("out" if out else "in", 1)
+        assert ports[f"{name}_tlast"] == ("out" if out else "in", 1)
+        assert ports[f"{name}_tready"] == ("in" if out else "out", 1)
     assert sorted(masters) == sorted(["m_axi_insn"] + [f"m_axi_hbm{k}" for k in range(cfg.hbm.channels)])
     for name, p in xml_ports.items():
+        if name in streams:
+            continue
         width = int(p.get("dataWidth"))
         if p.get("mode") == "slave":
             assert ports[f"{name}_wdata"] == ("in", width) and ports[f"{name}_rdata"] == ("out", width)
@@ -56,12 +69,16 @@ def test_kernel_xml_args_match_register_map(packaged):
     kern = ET.parse(files["kernel.xml"]).getroot().find("kernel")
     args = [(a.get("name"), int(a.get("id")), a.get("port"), int(a.get("offset"), 16))
             for a in kern.find("args")]
-    assert [a[0] for a in args] == list(regs.KERNEL_ARGS) + [f"hbm{k}" for k in range(cfg.hbm.channels)]
+    links = [f"link_{s}_{d}" for s in "rl" for d in ("tx", "rx")]
+    assert [a[0] for a in args] == (list(regs.KERNEL_ARGS) + [f"hbm{k}" for k in range(cfg.hbm.channels)]
+                                    + links)
     assert [a[1] for a in args] == list(range(len(args)))
     for name, _i, port, off in args:
         if name.startswith("hbm"):
             k = int(name[3:])
             assert off == regs.hbm_ptr(k) and port == f"m_axi_hbm{k}"
+        elif name.startswith("link_"):
+            assert port == "axis_" + name[5:]
         else:
             assert off == regs.ARGS[name][0]
     assert len(kernel_args(cfg)) == len(args)

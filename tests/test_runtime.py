@@ -3,7 +3,8 @@
 - the demo model loads (safetensors, shapes checked) and its tokenizer round-trips text;
 - ISS against the float64 GPT-2: logits of every generated position within the stated
   tolerance and the same greedy tokens over 32 steps (1 card);
-- RTL against ISS: bit-identical logits and tokens (1 card; 8 steps here, 32 in soak);
+- RTL against ISS: bit-identical logits and tokens (1 card; 8 steps here, 32 in soak; 2 cards
+  of the Verilated ring against the ISS ring, 4 cards in soak);
 - sampling is seeded and respects top-k;
 - bad input gives one line and exit code 2.
 """
@@ -34,7 +35,7 @@ LOGIT_TOL = 5e-3
 
 @pytest.fixture(scope="module")
 def demo():
-    cfg = load_config(CFG).replace(cards=1)
+    cfg = load_config(CFG)            # 2 cards: the card kernel with its ring links, run alone
     model = load_checkpoint(DEMO_MODEL)
     tok = load_tokenizer(DEMO_MODEL)
     return cfg, model, tok
@@ -115,6 +116,36 @@ def test_rtl_matches_iss_32_steps(demo):
     _rtl_vs_iss(demo, 32)
 
 
+def _rtl_ring_vs_iss(demo, cards, steps):
+    """The demo model split over ``cards`` Verilated cards joined by link models, against the
+    same split on the ISS ring: identical tokens, bit-identical logits, the same HBM and link
+    traffic."""
+    from host.runtime import make_cards
+    cfg, model, tok = demo
+    ids = tok.encode(PROMPT)
+    runs = [generate(cfg, make_cards(cfg, model, b, cards), None, ids, steps, keep_logits=True)
+            for b in ("iss", "rtl")]
+    (t0, l0, s0), (t1, l1, s1) = runs
+    assert t0 == t1
+    assert np.array_equal(l0.view(np.uint32), l1.view(np.uint32))
+    f0, f1 = s0.summary(cfg), s1.summary(cfg)
+    assert f1["link_bytes_per_token"] == f0["link_bytes_per_token"] > 0
+    assert f1["hbm_bytes_per_token"] == f0["hbm_bytes_per_token"]
+    assert f1["decode_cycles_per_token"] > 0
+    print(f"{cards} RTL cards: {f1['decode_cycles_per_token']} decode cycles/token, "
+          f"HBM utilization {f1['hbm_utilization_decode']}")
+
+
+@pytest.mark.rtl
+def test_rtl_ring_matches_iss(demo):
+    _rtl_ring_vs_iss(demo, 2, 8)
+
+
+@pytest.mark.soak
+def test_rtl_ring_of_four_matches_iss(demo):
+    _rtl_ring_vs_iss(demo, 4, 32)
+
+
 @pytest.mark.rtl
 def test_one_parameter_area(demo):
     """Where two layer-parameter areas do not fit the VSP (GPT-2 774M and 1.5B on one card), the
@@ -179,7 +210,7 @@ def test_cli_iss_json(tmp_path):
     (["--temperature", "-1"], "--temperature"),
     (["--top-k", "3"], "--top-k"),
     (["--cards", "5"], "--cards"),                 # 4 heads do not go round 5 cards
-    (["--cards", "2", "--backend", "rtl"], "--cards"),
+    (["--config", "configs/medium.yaml", "--cards", "2", "--backend", "rtl"], "--cards"),  # no ring links
     (["--backend", "xrt"], "--xclbin"),
 ])
 def test_cli_bad_input(args, needle):

@@ -134,7 +134,8 @@ struct Slave {
     }
 };
 
-struct LinkPorts { Port tx_valid, tx_ready, tx_payload, rx_valid, rx_ready, rx_payload; };
+// One link port's AXI4-Stream signals (axis_<r|l>_<tx|rx>_t*).
+struct LinkPorts { Port tx_data, tx_last, tx_valid, tx_ready, rx_data, rx_last, rx_valid, rx_ready; };
 
 struct Card {
     std::unique_ptr<Vcard> top;
@@ -149,7 +150,7 @@ struct Card {
     struct H { bool ar, r, aw, w, b; uint64_t ar_addr, aw_addr; int ar_len, aw_len; };
     std::vector<H> hs;
     std::vector<std::vector<uint8_t>> wd, ws;
-    bool r_tx = false, l_tx = false, r_rx = false, l_rx = false;
+    bool r_tx = false, l_tx = false, r_rx = false, l_rx = false, r_last = false, l_last = false;
     std::vector<uint8_t> r_beat, l_beat;
 
     void sample() {
@@ -183,10 +184,10 @@ struct Card {
             l_tx = l.tx_valid.get() && l.tx_ready.get();
             r_rx = r.rx_valid.get() && r.rx_ready.get();
             l_rx = l.rx_valid.get() && l.rx_ready.get();
-            r_beat.resize(link_beat + 8);
-            l_beat.resize(link_beat + 8);
-            if (r_tx) r.tx_payload.get_bytes(r_beat.data(), link_beat + 1);
-            if (l_tx) l.tx_payload.get_bytes(l_beat.data(), link_beat + 1);
+            r_beat.resize(link_beat);
+            l_beat.resize(link_beat);
+            if (r_tx) { r.tx_data.get_bytes(r_beat.data(), link_beat); r_last = r.tx_last.get(); }
+            if (l_tx) { l.tx_data.get_bytes(l_beat.data(), link_beat); l_last = l.tx_last.get(); }
         }
     }
 
@@ -225,9 +226,9 @@ struct Sim {
                 Link& in_r = left[i];                  // from i+1's L into my R
                 bool lv = in_l.head(cycle), rv = in_r.head(cycle);
                 c.l.rx_valid.set(lv);
-                if (lv) in_l.head_payload(c.l.rx_payload, c.link_beat);
+                if (lv) { c.l.rx_data.set_bytes(in_l.q.front().data.data(), c.link_beat); c.l.rx_last.set(in_l.q.front().last); }
                 c.r.rx_valid.set(rv);
-                if (rv) in_r.head_payload(c.r.rx_payload, c.link_beat);
+                if (rv) { c.r.rx_data.set_bytes(in_r.q.front().data.data(), c.link_beat); c.r.rx_last.set(in_r.q.front().last); }
                 c.r.tx_ready.set(right[i].ready(c.link_beat));
                 c.l.tx_ready.set(left[(i + n - 1) % n].ready(c.link_beat));
             }
@@ -243,8 +244,8 @@ struct Sim {
                 int bb = c.link_beat;
                 if (c.l_rx) right[(i + n - 1) % n].q.pop_front();
                 if (c.r_rx) left[i].q.pop_front();
-                if (c.r_tx) right[i].inject(c.r_beat.data(), c.r_beat[bb] & 1, bb, cycle, rng);
-                if (c.l_tx) left[(i + n - 1) % n].inject(c.l_beat.data(), c.l_beat[bb] & 1, bb, cycle, rng);
+                if (c.r_tx) right[i].inject(c.r_beat.data(), c.r_last, bb, cycle, rng);
+                if (c.l_tx) left[(i + n - 1) % n].inject(c.l_beat.data(), c.l_last, bb, cycle, rng);
             }
             for (auto& L : right) L.refill(cards[0]->link_beat);
             for (auto& L : left) L.refill(cards[0]->link_beat);

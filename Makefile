@@ -60,7 +60,7 @@ package: setup
 
 # One card for now: several cards need the collective instructions inside the card.
 run: setup
-	$(GPTFPGA) run --config $(CONFIG) --cards 1 --backend rtl --max-new-tokens 32
+	$(GPTFPGA) run --config $(CONFIG) --backend rtl --max-new-tokens 32
 
 clean:
 	rm -rf build sim_build

@@ -307,13 +307,15 @@ def _chain(avail, gaps):
     return np.maximum.accumulate(avail - offs) + offs
 
 
-def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring"):
+def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", card=True):
     """Cycles of a ring all-reduce of ``words`` fp32 words (whole link beats) over ``cards``:
     2(N-1) steps, each a segment of 1/N of the message (half of it each way on a
     bidirectional ring) sent whole through one link (its beats at the line rate, a trailer beat
     per frame), then the link's latency and the engine's per-hop overhead; and one more latency
     for the last acknowledgement. This is the small-message regime of GPT-2's decode (a few
-    KiB per all-reduce); calibrate() reports its error against the collective engine's RTL."""
+    KiB per all-reduce); calibrate() reports its error against the collective engine's RTL
+    (``card=False``: the node alone, on a one-cycle memory). With ``card`` (the default), the
+    card's collective unit around it: its setup and its one VSP port each way."""
     if cards == 1:
         return 0
     beat = cfg.link.data_bits // 8
@@ -335,7 +337,14 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring"):
         raise ValueError(f"all-reduce algorithm {algorithm!r}")
     seg = -(-nb // (cards * dirs))                 # beats per step and direction
     steps = 2 * (cards - 1)
-    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + wire(seg))))
+    # On the card, the collective unit moves a beat as R rows through its one VSP port each way
+    # (hw/core/coll.py), and first computes the geometry (a 16-step division and N table
+    # entries per ring direction).
+    from hw.core.coll import DIV_BITS
+    rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
+    setup = dirs * (DIV_BITS + 2 + cards) + 3 if card else 0
+    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + max(wire(seg), seg * rows))
+                         + setup))
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):

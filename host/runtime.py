@@ -43,9 +43,10 @@ class GenStats:
     decode_steps: list = field(default_factory=list)       # counters of each decode step
     wall_prefill: float = 0.0
     wall_decode: float = 0.0
+    cards: int = 1                                          # counters are summed over the cards
 
     def summary(self, cfg):
-        peak = cfg.hbm_bytes_per_cycle
+        peak = cfg.hbm_bytes_per_cycle * self.cards         # every card's HBM
         pre = sum(c["cycles"] for c in self.prefill_steps)
         dec = [c["cycles"] for c in self.decode_steps]
         dec_bytes = [c["hbm_rd_bytes"] + c["hbm_wr_bytes"] for c in self.decode_steps]
@@ -53,6 +54,7 @@ class GenStats:
         n = max(1, len(dec))
         cyc = sum(dec) / n
         out = {
+            "cards": self.cards,
             "prompt_tokens": self.prompt_tokens,
             "prefill_cycles": int(pre),
             "prefill_cycles_per_token": round(pre / max(1, self.prompt_tokens), 1),
@@ -180,7 +182,7 @@ def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), e
     cards = cm if isinstance(cm, Cards) else Cards([cm], [dev])
     check_request(cards.cms[0].sh, prompt_ids, max_new_tokens)
     rng = np.random.default_rng(sampling.seed)
-    stats = GenStats(prompt_tokens=len(prompt_ids))
+    stats = GenStats(prompt_tokens=len(prompt_ids), cards=len(cards.cms))
     cards.load()
     t0 = time.monotonic()
     for p in range(0, len(prompt_ids), cards.T):

@@ -38,7 +38,7 @@ class XrtDevice(Device):
         base = len(KERNEL_ARGS)
         self.bos = [pyxrt.bo(self.dev, self.channel_bytes, pyxrt.bo.normal, self.kernel.group_id(base + k))
                     for k in range(self.channels)]
-        self.args = {"prog_addr": 0, "prog_len": 0, "card": (cfg.cards << 8), "insn_ptr": 0}
+        self.args = {"prog_addr": 0, "prog_len": 0, "card": regs.card_register(0, 1), "insn_ptr": 0}
         self.run_ = None
 
     def write_hbm(self, channel, offset, data):

@@ -5,7 +5,7 @@ hardware, the host runtime, the simulators and the Vitis packaging all read it f
 """
 
 __all__ = ["CTRL", "GIE", "IER", "ISR", "ARGS", "COUNTERS", "REG", "ADDR_BITS", "HBM_PTR",
-           "hbm_ptr", "KERNEL", "KERNEL_ARGS"]
+           "hbm_ptr", "card_register", "KERNEL", "KERNEL_ARGS"]
 
 ADDR_BITS = 10
 
@@ -18,7 +18,8 @@ ISR = 0x0C
 ARGS = {
     "prog_addr": (0x10, 64, "byte offset of the program in the buffer behind m_axi_insn"),
     "prog_len": (0x18, 32, "program length in instructions"),
-    "card": (0x1C, 32, "bits [7:0] this card's id, [15:8] cards in the ring"),
+    "card": (0x1C, 32, "bits [7:0] this card's id, [15:8] cards in the ring, [16] the ring runs "
+                       "both ways (topology bidirectional_ring)"),
     "insn_ptr": (0x20, 64, "device address of the buffer behind m_axi_insn (HBM channel 0's)"),
 }
 
@@ -33,6 +34,11 @@ HBM_PTR = 0x100
 
 def hbm_ptr(k):
     return HBM_PTR + 8 * k
+
+
+def card_register(card, cards, *, bidirectional=False):
+    """The ``card`` argument of card ``card`` in a ring of ``cards`` (0 for a card alone)."""
+    return 0 if cards == 1 else card | cards << 8 | int(bidirectional) << 16
 
 # Read-only status and performance counters (64-bit, cleared by ap_start).
 COUNTERS = {
@@ -49,6 +55,8 @@ COUNTERS = {
     "link_tx_bytes": (0x78, "bytes sent on the ring links"),
     "link_rx_bytes": (0x80, "bytes received on the ring links"),
     "insns": (0x88, "instructions issued"),
+    "link_retx": (0x90, "link frames sent again (go-back-N after a CRC error, a gap or a timeout)"),
+    "link_crc_errors": (0x98, "link frames received with a bad CRC (dropped and repaired)"),
 }
 
 REG = {name: addr for name, (addr, *_rest) in {**ARGS, **COUNTERS}.items()}

@@ -244,25 +244,27 @@ def _size(b):
 
 
 # -- the runtime ------------------------------------------------------------------------------
-def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_tokens=16, log=print):
-    """The demo model through `gptfpga run`'s loop on the Verilated card (one card): prefill
-    and decode cycles per token, HBM utilization over whole decode tokens, wall time."""
-    from host.compiler import CompiledModel
+def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_tokens=16,
+              cards=(1, 2, 4), log=print):
+    """The demo model through `gptfpga run`'s loop on the Verilated appliance of 1, 2 and 4
+    cards (several only when the config's card kernel has ring links): prefill and decode cycles
+    per token, HBM utilization over whole decode tokens (of every card's HBM), link bytes per
+    token (all cards' sends), and the simulation's wall time per token."""
     from host.model import load_checkpoint
-    from host.runtime import DEMO_MODEL, generate
+    from host.runtime import DEMO_MODEL, generate, make_cards
     from host.tokenizer import load_tokenizer
-    from sim.system import RtlDevice
-    cfg1 = cfg                        # the config's own card kernel, run alone
     model = load_checkpoint(DEMO_MODEL)
     ids = load_tokenizer(DEMO_MODEL).encode(prompt)
-    cm = CompiledModel(cfg1, model)
-    out, _, stats = generate(cfg1, cm, RtlDevice(cfg1), ids, new_tokens)
-    fig = stats.summary(cfg1)
-    log(f"  demo model, {len(ids)}-token prompt, {len(out)} tokens: decode "
-        f"{fig['decode_cycles_per_token']} cycles/token, prefill {fig['prefill_cycles_per_token']}")
-    return {"config": cfg.name, "cards": 1, "model": "demo (d_model 128, 4 layers, 4 heads)",
-            "prompt_tokens": len(ids), "generated": len(out),
-            "model_bytes_per_token": int(model.shape.n_params * 2), **fig}
+    runs = []
+    for n in (c for c in cards if c == 1 or cfg.cards > 1):
+        out, _, stats = generate(cfg, make_cards(cfg, model, "rtl", n), None, ids, new_tokens)
+        fig = stats.summary(cfg)
+        log(f"  demo model on {n} card(s), {len(ids)}-token prompt, {len(out)} tokens: decode "
+            f"{fig['decode_cycles_per_token']} cycles/token, prefill {fig['prefill_cycles_per_token']}, "
+            f"HBM utilization {fig['hbm_utilization_decode']}")
+        runs.append({"prompt_tokens": len(ids), "generated": len(out), **fig})
+    return {"config": cfg.name, "model": "demo (d_model 128, 4 layers, 4 heads)",
+            "model_bytes_per_token": int(model.shape.n_params * 2), "runs": runs}
 
 
 def run_table(result):
@@ -270,11 +272,14 @@ def run_table(result):
             ("decode cycles per token", "decode_cycles_per_token"),
             ("decode ms per token at the clock", "decode_ms_per_token_at_clock"),
             ("HBM utilization over whole decode tokens", "hbm_utilization_decode"),
-            ("HBM bytes per decode token", "hbm_bytes_per_token"),
-            ("link bytes per decode token", "link_bytes_per_token"),
+            ("HBM bytes per decode token (all cards)", "hbm_bytes_per_token"),
+            ("link bytes per decode token (all cards)", "link_bytes_per_token"),
             ("simulation wall seconds per decode token", "wall_seconds_per_decode_token")]
-    lines = [f"| figure | {result['config']}, {result['cards']} card |", "|---|---|"]
-    lines += [f"| {label} | {result[key]} |" for label, key in rows]
+    runs = result["runs"]
+    lines = ["| figure | " + " | ".join(f"{result['config']}, {r['cards']} card{'s' if r['cards'] > 1 else ''}"
+                                        for r in runs) + " |",
+             "|---|" + "---|" * len(runs)]
+    lines += [f"| {label} | " + " | ".join(str(r[key]) for r in runs) + " |" for label, key in rows]
     return "\n".join(lines)
 
 
@@ -339,7 +344,7 @@ def calibrate_perf(*, log=print, cases=None, collectives=True):
         for words in (1024, 1600):
             fig, *_ = run_collective(u, "allreduce", words, cards=cards,
                                      bidirectional=u.topology == "bidirectional_ring")
-            model = coll_cycles(u.replace(cards=cards), cards, words)
+            model = coll_cycles(u.replace(cards=cards), cards, words, card=False)
             err = (model - fig["cycles"]) / fig["cycles"]
             colls.append({"config": u.name, "cards": cards, "words": words, "rtl_cycles": fig["cycles"],
                           "model_cycles": model, "error": round(err, 4)})

@@ -188,7 +188,8 @@ class RtlAppliance:
         addrs = prog_addr if isinstance(prog_addr, (list, tuple)) else [prog_addr] * self.cards
         for i, (dev, words, addr) in enumerate(zip(self.devices, programs, addrs, strict=True)):
             dev.load_program(words, addr)
-            dev.write_reg(regs.ARGS["card"][0], i | self.cards << 8)
+            dev.write_reg(regs.ARGS["card"][0], regs.card_register(
+                i, self.cards, bidirectional=self.cfg.topology == "bidirectional_ring"))
         for dev in self.devices:
             dev.start()
         self._clock_until((1 << self.cards) - 1, timeout_s, f"the ring of {self.cards} cards")

@@ -82,9 +82,12 @@ def _run_both(cfg, cards, seed, lib, *, setup=None):
     return lay, prog, iss, rtl, st_iss, st_rtl
 
 
-@pytest.mark.parametrize("cards", [2, 3])
-def test_coll_matches_iss_ring(tiny, card_lib, cards, seed):
-    lay, prog, iss, rtl, st_iss, st_rtl = _run_both(tiny, cards, seed + cards, card_lib)
+@pytest.mark.parametrize("cards, bidirectional", [(2, False), (3, False), (2, True), (3, True), (4, True)])
+def test_coll_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed):
+    """(The ring's direction is a bit of the ``card`` register: one card kernel runs both.)"""
+    cfg = tiny.replace(topology="bidirectional_ring" if bidirectional else "ring")
+    tiny = cfg
+    lay, prog, iss, rtl, st_iss, st_rtl = _run_both(cfg, cards, seed + cards, card_lib)
     assert st_iss == [(len(prog) - 1) << 8] * cards, st_iss
     assert st_rtl == st_iss
     for i in range(cards):
@@ -111,6 +114,10 @@ def test_coll_survives_a_lossy_link(tiny, card_lib, seed):
         assert np.array_equal(a, b), f"card {i}"
     s = rtl.link_stats()
     assert s["dropped"] > 0 and s["flipped"] > 0 and s["bad_crc_frames"] == 0
+    c = [d.counters() for d in rtl.devices]
+    assert sum(x["link_retx"] for x in c) > 0 and sum(x["link_crc_errors"] for x in c) > 0
+    for i in range(2):          # payload counted once, whatever was sent again
+        assert c[i]["link_tx_bytes"] == iss.devices[i].counters()["link_tx_bytes"]
 
 
 def test_peer_that_never_arrives_is_a_ring_error(tiny, card_lib):

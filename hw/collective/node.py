@@ -59,7 +59,8 @@ class CollNode(wiring.Component):
     seg_we, seg_left, seg_addr, seg_data : In  segment tables (one per direction)
     mem_<ch>_<port> : the channels' memory ports (ch r/l; rd_src, rd_op, wr)
     link_error : Out(2) sticky, per port; order_error : Out(1)
-    retx, crc_error, tx_beat_r, tx_beat_l, rx_beat_r, rx_beat_l : Out(1) pulses (wire beats)
+    retx, crc_error : Out(2)  frames sent again / received with a bad CRC this cycle (both ports)
+    tx_beat_r, tx_beat_l, rx_beat_r, rx_beat_l : Out(1) pulses (wire beats)
     pay_tx, pay_rx : Out(2)  payload beats the channels gave to / took from the link layer this
         cycle (each once: retransmissions, trailers and control frames are not counted)
     """
@@ -81,7 +82,7 @@ class CollNode(wiring.Component):
             "max_chunks_r": In(24), "max_chunks_l": In(24),
             "seg_we": In(1), "seg_left": In(1), "seg_addr": In(range(MAX_CARDS)), "seg_data": In(SegEntry),
             "link_error": Out(2), "order_error": Out(1),
-            "retx": Out(1), "crc_error": Out(1),
+            "retx": Out(2), "crc_error": Out(2),
             "tx_beat_r": Out(1), "tx_beat_l": Out(1), "rx_beat_r": Out(1), "rx_beat_l": Out(1),
             "pay_tx": Out(2), "pay_rx": Out(2),
         }
@@ -119,8 +120,8 @@ class CollNode(wiring.Component):
                      cr.start.eq(self.start), cl.start.eq(self.start & self.bidir)]
         m.d.comb += [self.busy.eq(~cr.done | ~cl.done),
                      self.order_error.eq(cr.order_error | cl.order_error),
-                     self.retx.eq(pr.retx | pl.retx),
-                     self.crc_error.eq(pr.crc_error | pl.crc_error),
+                     self.retx.eq(pr.retx + pl.retx),
+                     self.crc_error.eq(pr.crc_error + pl.crc_error),
                      self.tx_beat_r.eq(pr.tx_beat), self.tx_beat_l.eq(pl.tx_beat),
                      self.rx_beat_r.eq(pr.rx_beat), self.rx_beat_l.eq(pl.rx_beat)]
         m.d.comb += self.link_error.eq(pr.error | (pl.error << 1))

@@ -215,9 +215,11 @@ class Card(wiring.Component):
         if self.ring:
             count("link_tx_bytes", coll.tx_beats != 0, coll.tx_beats * beat_bytes)
             count("link_rx_bytes", coll.rx_beats != 0, coll.rx_beats * beat_bytes)
+            count("link_retx", coll.retx != 0, coll.retx)
+            count("link_crc_errors", coll.crc_error != 0, coll.crc_error)
         else:
-            count("link_tx_bytes", Const(0, 1))
-            count("link_rx_bytes", Const(0, 1))
+            for name in ("link_tx_bytes", "link_rx_bytes", "link_retx", "link_crc_errors"):
+                count(name, Const(0, 1))
         count("insns", issue.retired)
         return m
 

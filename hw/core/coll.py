@@ -7,7 +7,8 @@ The node moves link beats of B = link.data_bits / 32 words; the scratchpad moves
 (vector_lanes) words, so each beat is R = B / P rows. The unit computes what the driver of
 the bare node (sim/fabric.py) writes by hand, from the instruction and the ``card``
 register: nb = ceil(n / B) beats, the ring parts (all of it one way, or ceil(nb / 2) beats
-right and the rest left on a bidirectional ring) and each part's N segments,
+right and the rest left when the ``card`` register says the ring runs both ways) and each
+part's N segments,
 start_j = floor(j pb / N), found with one 16-step division per part and a running remainder.
 Then:
 
@@ -59,10 +60,11 @@ class CollUnit(wiring.Component):
     -------
     cmd : In(stream(CollCmd)); done : Out(1) pulse per COLL (with ``err`` on a RING_ERROR)
     err : Out(1) pulse; err_pc : Out(24); busy : Out(1); progress : Out(1) pulse
-    card_reg : In(32)  the ``card`` register (id, cards)
+    card_reg : In(32)  the ``card`` register (id, cards, bidirectional)
     r_tx, r_rx, l_tx, l_rx : the link ports (stream of Beat)
     rd : Out(ReadPort); wr : Out(WritePort)  one VSP port each way
     tx_beats, rx_beats : Out(2)  payload beats sent / received this cycle
+    retx, crc_error : Out(2)  frames sent again / received with a bad CRC this cycle
     """
 
     def __init__(self, cfg, *, timeout):
@@ -77,7 +79,6 @@ class CollUnit(wiring.Component):
                               f"of link.data_bits / 32 = {self.B}")
         self.R = self.B // self.P
         self.row_bits = (c.vsp_words // self.P - 1).bit_length()
-        self.bidir = cfg.topology == "bidirectional_ring"
         self.timeout = timeout
         self.node = CollNode(**node_kwargs(cfg))
         beat = stream.Signature(Beat(self.D))
@@ -87,7 +88,7 @@ class CollUnit(wiring.Component):
             "card_reg": In(32),
             "r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat), "l_rx": In(beat),
             "rd": Out(ReadPort(self.row_bits, self.P)), "wr": Out(WritePort(self.row_bits, self.P)),
-            "tx_beats": Out(2), "rx_beats": Out(2),
+            "tx_beats": Out(2), "rx_beats": Out(2), "retx": Out(2), "crc_error": Out(2),
         })
 
     def elaborate(self, platform):
@@ -102,7 +103,8 @@ class CollUnit(wiring.Component):
         wiring.connect(m, wiring.flipped(self.r_rx), node.r_rx)
         wiring.connect(m, node.l_tx, wiring.flipped(self.l_tx))
         wiring.connect(m, wiring.flipped(self.l_rx), node.l_rx)
-        m.d.comb += [self.tx_beats.eq(node.pay_tx), self.rx_beats.eq(node.pay_rx)]
+        m.d.comb += [self.tx_beats.eq(node.pay_tx), self.rx_beats.eq(node.pay_rx),
+                     self.retx.eq(node.retx), self.crc_error.eq(node.crc_error)]
 
         # -- the instruction and its geometry ---------------------------------------------------
         cop, src, dst, n, pc = (Signal(2), Signal(16), Signal(16), Signal(16), Signal(24))
@@ -113,13 +115,14 @@ class CollUnit(wiring.Component):
         is_ag = cop == OP_AG
         part = Signal()                                   # 0: right-hand ring, 1: left-hand
         pb0 = Signal(DIV_BITS + 1)
-        m.d.comb += pb0.eq((nb + 1) >> 1 if self.bidir else nb)
+        bidir = self.card_reg[16]                         # both ring directions
+        m.d.comb += pb0.eq(Mux(bidir, (nb + 1) >> 1, nb))
         pb = Mux(part, nb - pb0, pb0)
         p0 = Mux(part, pb0, 0)
         max_r, max_l = Signal(24), Signal(24)
         dead = Signal()
         m.d.comb += [node.op.eq(cop), node.fp16.eq(0), node.cards.eq(N), node.card.eq(me),
-                     node.bidir.eq(int(self.bidir)), node.chunk_log2.eq(lf),
+                     node.bidir.eq(bidir), node.chunk_log2.eq(lf),
                      node.group.eq(self.params.group), node.src.eq(0), node.dst.eq(0),
                      node.max_chunks_r.eq(max_r), node.max_chunks_l.eq(max_l)]
 
@@ -276,7 +279,7 @@ class CollUnit(wiring.Component):
                         m.d.sync += max_l.eq(chunks)
                     with m.Else():
                         m.d.sync += [max_r.eq(chunks), max_l.eq(0)]
-                    with m.If(~part if self.bidir else Const(0, 1)):
+                    with m.If(~part & bidir):
                         m.d.sync += part.eq(1)
                         m.next = "DIV0"
                     with m.Elif(is_ag):

@@ -105,13 +105,18 @@ class IssRing:
             else:
                 vsp[dst:dst + out_words] = outs[i]
             dev.iss.counters["link_tx_bytes"] += self._sent_beats(op, i, nb) * B * 4
-            dev.iss.counters["link_rx_bytes"] += self._sent_beats(op, (i - 1) % N, nb) * B * 4
+            # received: the right-hand ring's part from card i - 1, the left-hand's from i + 1
+            rx = sum(self._sent_beats(op, (i - d) % N, nb, only=d) for d in (+1, -1))
+            dev.iss.counters["link_rx_bytes"] += rx * B * 4
         return errors
 
-    def _sent_beats(self, op, i, nb):
-        """Beats card i sends in the ring schedule (both directions together)."""
+    def _sent_beats(self, op, i, nb, only=None):
+        """Beats card i sends in the ring schedule (both directions together, or direction
+        ``only``: +1 the right-hand ring, -1 the left-hand one)."""
         N, total = self.N, 0
         for _p0, pb, d in ref.halves(nb, self.bidirectional):
+            if only is not None and d != only:
+                continue
             seg = ref.segments(pb, N)
             if op == "allgather":
                 total += (N - 1) * pb

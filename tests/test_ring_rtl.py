@@ -137,6 +137,20 @@ def test_peer_that_never_arrives_is_a_ring_error(tiny, card_lib):
     assert rtl.devices[0].run([coll, encode("HALT")], lay.prog_addr)["status"] == ERROR_CODES["RING_ERROR"]
 
 
+@pytest.mark.parametrize("other", [dict(cop=2, n=40), dict(cop=0, n=37)])
+def test_peers_that_disagree_are_a_ring_error(tiny, card_lib, other):
+    """Card 1's COLL differs from card 0's in n (37 and 40 words: the same 3 beats, the same
+    frames) or in cop: both cards end with RING_ERROR at the COLL, as on the ISS ring, not
+    with a silently different result."""
+    from sim.system import RtlAppliance
+    lay = Layout(tiny)
+    progs = [[encode("FENCE"), encode("COLL", cop=2, src=0, dst=1024, n=37), encode("HALT")],
+             [encode("FENCE"), encode("COLL", src=0, dst=1024, **other), encode("HALT")]]
+    want = IssRing(tiny, 2).run(progs, lay.prog_addr)
+    assert want == [(1 << 8) | ERROR_CODES["RING_ERROR"]] * 2
+    assert RtlAppliance(tiny, 2, lib=card_lib).run(progs, lay.prog_addr, timeout_s=300) == want
+
+
 def test_coll_without_a_ring_is_illegal(tiny, card_lib):
     """One card alone (cards field 0 in the ``card`` register): COLL is ILLEGAL_OPCODE, as on
     the lone ISS; the checks of the instruction itself in the ISS ring's order."""

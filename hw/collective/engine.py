@@ -105,6 +105,8 @@ class RingChannel(wiring.Component):
     link_idle : In(1)  everything sent has been acknowledged
     rd_src, rd_op : Out(MemRead); wr : Out(MemWrite)
     order_error : Out(1) sticky: a received frame's tag is not the one the schedule expects
+    check : In(8)  a byte of the collective every card must agree on (the card's: n and cop),
+        carried in every frame's tag: tag = chunk (16 bits), step (8), check (8)
     """
 
     def __init__(self, *, data_bits):
@@ -114,7 +116,7 @@ class RingChannel(wiring.Component):
             "start": In(1), "done": Out(1),
             "op": In(2), "fp16": In(1), "cards": In(range(MAX_CARDS + 1)),
             "card": In(range(MAX_CARDS)), "left": In(1), "chunk_log2": In(4), "group": In(8),
-            "src": In(32), "dst": In(32), "max_chunks": In(24),
+            "src": In(32), "dst": In(32), "max_chunks": In(24), "check": In(8),
             "seg_we": In(1), "seg_addr": In(range(MAX_CARDS)), "seg_data": In(SegEntry),
             "send": Out(stream.Signature(Payload(data_bits))),
             "recv": In(stream.Signature(Payload(data_bits))),
@@ -204,7 +206,7 @@ class RingChannel(wiring.Component):
             tw.advance(m, K, rounds, self.max_chunks)
         l_reply = self.rd_src.rvalid
         m.d.sync += l_out.eq(l_out + can_read - l_reply)
-        m.d.comb += [lm.w_en.eq(can_read), lm.w_data.eq(Cat(frame_end, t_chunk[0:24], Const(0, 8))),
+        m.d.comb += [lm.w_en.eq(can_read), lm.w_data.eq(Cat(frame_end, t_chunk[0:16], Const(0, 8), self.check)),
                      lm.r_en.eq(l_reply)]
         local_data = Mux(self.op == OP_AG, self.rd_src.data, self._to_f32(m, self.rd_src.data, "lc"))
         m.d.comb += [lf.w_en.eq(l_reply), lf.w_data.eq(Cat(local_data, lm.r_data))]
@@ -230,6 +232,8 @@ class RingChannel(wiring.Component):
         # -- the receiving walk -------------------------------------------------------------------
         rw = _Walk("rx")
         r_step = rw.r - 1               # tag of the frames received in round r (r >= 1)
+        r_step8 = Signal(8)             # its tag field, exactly 8 bits wide
+        m.d.comb += r_step8.eq(r_step)
         r_rs = (self.op != OP_AG) & (r_step < N - 1)
         r_ag = Mux(self.op == OP_AR, r_step - (N - 1), r_step)
         m.d.comb += seg_rx.addr.eq(self._seg(m, Mux(r_rs, r_step + 2, r_ag + 1), "jr"))
@@ -262,7 +266,7 @@ class RingChannel(wiring.Component):
             with m.If(rv.payload.last):
                 m.d.sync += rb.eq(0)
                 rw.advance(m, K, rounds, self.max_chunks)
-                with m.If(rv.payload.tag != Cat(r_chunk[0:24], r_step[0:8])):
+                with m.If(rv.payload.tag != Cat(r_chunk[0:16], r_step8, self.check)):
                     m.d.sync += self.order_error.eq(1)
             with m.Else():
                 m.d.sync += rb.eq(rb + 1)
@@ -270,7 +274,7 @@ class RingChannel(wiring.Component):
         m.d.comb += [meta_in.rs.eq(r_rs), meta_in.last.eq(rv.payload.last),
                      meta_in.fwd.eq(r_step < last_step),
                      meta_in.wr.eq((r_rs & (r_step == N - 2)) | ~r_rs),
-                     meta_in.tag.eq(Cat(r_chunk[0:24], (r_step + 1)[0:8])),
+                     meta_in.tag.eq(Cat(r_chunk[0:16], (r_step8 + 1)[0:8], self.check)),
                      meta_in.addr.eq(self.dst + sr.dst + off),
                      pf.w_en.eq(take), pf.w_data.eq(Cat(rv.payload.data, meta_in)),
                      of.w_en.eq(self.rd_op.rvalid), of.w_data.eq(self.rd_op.data)]

@@ -53,7 +53,7 @@ class CollNode(wiring.Component):
     """Members
     -------
     r_tx, l_tx : Out(stream(Beat)); r_rx, l_rx : In(stream(Beat))  the two link ports
-    start : In(1) pulse; busy : Out(1)
+    start : In(1) pulse; busy : Out(1); check : In(8) carried in every frame's tag (engine.py)
     op, fp16, cards, card, bidir, chunk_log2, group, src, dst : In  configuration
     max_chunks_r, max_chunks_l : In  chunks of the longest segment, per ring direction
     seg_we, seg_left, seg_addr, seg_data : In  segment tables (one per direction)
@@ -76,7 +76,7 @@ class CollNode(wiring.Component):
         members = {
             "r_tx": Out(stream.Signature(Beat(data_bits))), "r_rx": In(stream.Signature(Beat(data_bits))),
             "l_tx": Out(stream.Signature(Beat(data_bits))), "l_rx": In(stream.Signature(Beat(data_bits))),
-            "start": In(1), "busy": Out(1),
+            "start": In(1), "busy": Out(1), "check": In(8),
             "op": In(2), "fp16": In(1), "cards": In(range(MAX_CARDS + 1)), "card": In(range(MAX_CARDS)),
             "bidir": In(1), "chunk_log2": In(4), "group": In(8), "src": In(32), "dst": In(32),
             "max_chunks_r": In(24), "max_chunks_l": In(24),
@@ -112,7 +112,7 @@ class CollNode(wiring.Component):
             for port in ("rd_src", "rd_op", "wr"):
                 wiring.connect(m, getattr(c, port), wiring.flipped(getattr(self, f"mem_{ch}_{port}")))
             for name in ("op", "fp16", "cards", "card", "chunk_log2", "group", "src", "dst", "seg_addr",
-                         "seg_data"):
+                         "seg_data", "check"):
                 m.d.comb += getattr(c, name).eq(getattr(self, name))
         m.d.comb += [cr.left.eq(0), cl.left.eq(1),
                      cr.max_chunks.eq(self.max_chunks_r), cl.max_chunks.eq(self.max_chunks_l),

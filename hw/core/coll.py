@@ -22,7 +22,8 @@ port of this unit, arbitrated round-robin per beat; each beat is R row accesses,
 unit moves at most P words a cycle each way (the link's 62.5 B/cycle needs P >= 16).
 
 Errors (RING_ERROR, with the pc of the COLL): a link whose retries ran out, a frame the
-schedule did not expect (a peer that disagrees on the COLL), or ``timeout`` cycles without a
+schedule did not expect (a peer that disagrees on the COLL: frames carry n's low bits and
+the cop in their tags), or ``timeout`` cycles without a
 beat on either link (a peer that never reaches its COLL). After one the ring's link state is
 unknown: the unit refuses further COLLs (RING_ERROR at once) until the kernel is reset.
 """
@@ -124,7 +125,11 @@ class CollUnit(wiring.Component):
         m.d.comb += [node.op.eq(cop), node.fp16.eq(0), node.cards.eq(N), node.card.eq(me),
                      node.bidir.eq(bidir), node.chunk_log2.eq(lf),
                      node.group.eq(self.params.group), node.src.eq(0), node.dst.eq(0),
-                     node.max_chunks_r.eq(max_r), node.max_chunks_l.eq(max_l)]
+                     node.max_chunks_r.eq(max_r), node.max_chunks_l.eq(max_l),
+                     # every frame carries n's low bits and cop: peers that disagree on the COLL
+                     # (any two n with the same beat count differ in their low 6 bits) see a
+                     # tag the schedule does not expect
+                     node.check.eq(Cat(n[0:6], cop))]
 
         # division pb = qp N + rp (restoring, one bit a cycle), then the table's running sums
         dvd, qp, rp = Signal(DIV_BITS), Signal(DIV_BITS), Signal(range(2 * MAX_CARDS))

@@ -212,6 +212,12 @@ class ApplianceConfig:
         return min(self.link.data_bits / 8, line)
 
     @property
+    def ring_links(self) -> bool:
+        """Whether this config's card kernel has the ring links and collective unit (cards > 1).
+        A ring-capable card also runs alone; a ``cards: 1`` card cannot join a ring."""
+        return self.cards > 1
+
+    @property
     def link_peak_gbytes_per_s(self) -> float:
         return self.link_bytes_per_cycle * self.clock_mhz * 1e6 / 1e9
 

@@ -42,7 +42,7 @@ def kernel_args(cfg):
             args.append((name, len(args), "s_axi_control", off, bits // 8, C_TYPES[bits], False))
     for k in range(cfg.hbm.channels):
         args.append((f"hbm{k}", len(args), f"m_axi_hbm{k}", regs.hbm_ptr(k), 8, "void*", True))
-    if cfg.cards > 1:       # the ring links: streams, last (the host sets no value for them)
+    if cfg.ring_links:      # streams, last (the host sets no value for them)
         ctype = f"stream<ap_axiu<{cfg.link.data_bits},0,0,0>>&"
         for link in LINKS:
             args.append((f"link_{link}", len(args), f"axis_{link}", 0, 4, ctype, None))
@@ -135,7 +135,7 @@ def link_cfg(cfg):
              "# lives in channel 0's buffer).",
              "[connectivity]", f"nk={KERNEL}:1:card", "sp=card.m_axi_insn:HBM[0]"]
     lines += [f"sp=card.m_axi_hbm{k}:HBM[{k}]" for k in range(cfg.hbm.channels)]
-    if cfg.cards > 1:
+    if cfg.ring_links:
         lines += ["", "# The ring links: AXI4-Stream ports to the board's network kernel (a 100G CMAC",
                   "# or Aurora kernel for QSFP0/QSFP1, not generated here). Name yours and uncomment:"]
         for link, qsfp in (("r", 0), ("l", 1)):

@@ -145,7 +145,7 @@ def make_cards(cfg, model, backend, cards, *, xclbin=None):
     if cards == 1:
         return Cards(cms, [make_device(cfg, backend, xclbin=xclbin)])
     if backend == "rtl":
-        if cfg.cards == 1:
+        if not cfg.ring_links:
             raise UserError(f"--cards: {cards} cards on --backend rtl with config {cfg.name!r}: its card "
                             f"kernel has no ring links (cards: 1 in the config); allowed: 1, or a "
                             f"config with cards >= 2")

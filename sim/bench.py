@@ -256,7 +256,7 @@ def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_to
     model = load_checkpoint(DEMO_MODEL)
     ids = load_tokenizer(DEMO_MODEL).encode(prompt)
     runs = []
-    for n in (c for c in cards if c == 1 or cfg.cards > 1):
+    for n in (c for c in cards if c == 1 or cfg.ring_links):
         out, _, stats = generate(cfg, make_cards(cfg, model, "rtl", n), None, ids, new_tokens)
         fig = stats.summary(cfg)
         log(f"  demo model on {n} card(s), {len(ids)}-token prompt, {len(out)} tokens: decode "
@@ -276,8 +276,8 @@ def run_table(result):
             ("link bytes per decode token (all cards)", "link_bytes_per_token"),
             ("simulation wall seconds per decode token", "wall_seconds_per_decode_token")]
     runs = result["runs"]
-    lines = ["| figure | " + " | ".join(f"{result['config']}, {r['cards']} card{'s' if r['cards'] > 1 else ''}"
-                                        for r in runs) + " |",
+    heads = [f"{result['config']}, {r['cards']} card{'s' if r['cards'] > 1 else ''}" for r in runs]
+    lines = ["| figure | " + " | ".join(heads) + " |",
              "|---|" + "---|" * len(runs)]
     lines += [f"| {label} | " + " | ".join(str(r[key]) for r in runs) + " |" for label, key in rows]
     return "\n".join(lines)

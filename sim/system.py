@@ -157,7 +157,7 @@ class RtlAppliance:
     def __init__(self, cfg, cards=1, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
                  seed=0):
         self.cfg, self.cards = cfg, cards
-        if cards > 1 and cfg.cards == 1:
+        if cards > 1 and not cfg.ring_links:
             raise ValueError(f"config {cfg.name!r} has cards: 1, so its card kernel has no ring links")
         if lib is None:
             lib, _, _ = build_card(cfg, watchdog=watchdog)

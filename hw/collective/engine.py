@@ -206,7 +206,8 @@ class RingChannel(wiring.Component):
             tw.advance(m, K, rounds, self.max_chunks)
         l_reply = self.rd_src.rvalid
         m.d.sync += l_out.eq(l_out + can_read - l_reply)
-        m.d.comb += [lm.w_en.eq(can_read), lm.w_data.eq(Cat(frame_end, t_chunk[0:16], Const(0, 8), self.check)),
+        m.d.comb += [lm.w_en.eq(can_read),
+                     lm.w_data.eq(Cat(frame_end, t_chunk[0:16], Const(0, 8), self.check)),   # step 0
                      lm.r_en.eq(l_reply)]
         local_data = Mux(self.op == OP_AG, self.rd_src.data, self._to_f32(m, self.rd_src.data, "lc"))
         m.d.comb += [lf.w_en.eq(l_reply), lf.w_data.eq(Cat(local_data, lm.r_data))]

@@ -17,9 +17,8 @@ from amaranth.lib.wiring import Out
 
 from hw import regs
 from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature
-from hw.isa import ERROR_CODES
-
 from hw.collective.link import Beat
+from hw.isa import ERROR_CODES
 
 from .coll import CollUnit
 from .ctrl import Control
@@ -71,7 +70,7 @@ class Card(wiring.Component):
         for k in range(self.C):
             members[f"m_axi_hbm{k}"] = Out(Axi4Signature(addr_bits=64, data_bits=self.DB))
         self.vsp_rows = c.vsp_words // c.vector_lanes
-        self.ring = cfg.cards > 1
+        self.ring = cfg.ring_links
         if self.ring:
             beat = stream.Signature(Beat(cfg.link.data_bits))
             members.update({"r_tx": Out(beat), "r_rx": wiring.In(beat), "l_tx": Out(beat),

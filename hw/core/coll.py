@@ -166,7 +166,7 @@ class CollUnit(wiring.Component):
         m.submodules.route = route
         r_last, r_sel = Signal(2), Signal(2)
         r_busy, r_j = Signal(), Signal(range(R))
-        r_row, r_word, r_lim, r_base = Signal(RW + 1), Signal(24), Signal(23), Signal(RW)
+        r_row, r_word, r_lim = Signal(RW + 1), Signal(24), Signal(23)
         r_mask = Signal(P)
         en = Cat(*[p.en for p in rports])
         with m.Switch(r_last):
@@ -182,7 +182,7 @@ class CollUnit(wiring.Component):
             with m.If(r_take & (r_sel == q)):
                 base = Mux(is_ag, dst_row, src_row) if is_src else src_row
                 lim = Mux(is_ag, AG_LIMIT, n) if is_src else n
-                m.d.sync += [r_busy.eq(1), r_j.eq(0), r_last.eq(q), r_base.eq(src_row),
+                m.d.sync += [r_busy.eq(1), r_j.eq(0), r_last.eq(q),
                              r_row.eq(base + (port.addr[0:DIV_BITS + 1] << lr)),
                              r_word.eq(port.addr[0:DIV_BITS + 1] << lb), r_lim.eq(lim)]
         m.d.comb += [route.w_en.eq(r_take), route.w_data.eq(r_sel)]
@@ -193,7 +193,7 @@ class CollUnit(wiring.Component):
         c_row = Signal(RW)
         with m.If(running):
             m.d.comb += [self.rd.req.valid.eq(r_busy),
-                         self.rd.req.payload.eq(Mux(past, r_base, r_row + r_j))]
+                         self.rd.req.payload.eq(Mux(past, src_row, r_row + r_j))]
         with m.Else():
             m.d.comb += [self.rd.req.valid.eq(c_req), self.rd.req.payload.eq(c_row)]
         with m.If(running & r_busy & self.rd.req.ready):

@@ -83,7 +83,7 @@ class Issue(wiring.Component):
         self.rows = cfg.channel_rows
         self.red_max = cfg.reduce_max
         self.fifo_depth = c.weight_fifo_tiles
-        self.ring = cfg.cards > 1                 # a collective unit is part of the card
+        self.ring = cfg.ring_links                # a collective unit is part of the card
         self.B = cfg.link.data_bits // 32
         self.units = UNITS if self.ring else UNITS[:-1]
         ring = {"q_coll": Out(stream.Signature(CollCmd)), "done_coll": In(1), "coll_err": In(1),

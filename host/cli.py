@@ -139,6 +139,8 @@ def cmd_bench(args):
         log(f"wrote {png}")
     else:
         result = bench.bench_collective(cfg, log=log)
+        if cfg.ring_links:
+            result["card"] = bench.bench_card_collective(cfg, log=log)
         table = bench.collective_table(result)
         png = Path(args.plot) if args.plot else ROOT / "docs" / f"collective-busbw-{cfg.name}.png"
         bench.plot_collective(result, png)

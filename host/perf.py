@@ -282,6 +282,9 @@ class CardModel:
             return reads, (space, f["dst"], f["dst"] + d)
         if op == "COLL":
             n = f["n"]
+            if f["hbm"]:
+                return ([("hbm", f["src"], f["src"] + -(-4 * n // S))],
+                        ("hbm", f["dst"], f["dst"] + -(-4 * n // S)))
             return [("vsp", f["src"], f["src"] + n)], ("vsp", f["dst"], f["dst"] + n)
         return [], None
 
@@ -338,7 +341,7 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     seg = -(-nb // (cards * dirs))                 # beats per step and direction
     steps = 2 * (cards - 1)
     # On the card, the collective unit moves a beat as R rows through its one VSP port each way
-    # (hw/core/coll.py), and first computes the geometry (a 16-step division and N table
+    # (hw/core/coll.py), and first computes the geometry (a 22-step division and N table
     # entries per ring direction).
     from hw.core.coll import DIV_BITS
     rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
@@ -367,6 +370,10 @@ def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):
         if any(w is None for w in waiting):
             raise ValueError("perf model: the cards' programs disagree on their COLLs")
         ready = max(w[0] for w in waiting)
+        f = waiting[0][1]
+        if f["hbm"] or f["cop"] != 2:
+            raise ValueError("perf model: only all-reduces on the VSP are modelled (the compiler's "
+                             "COLLs); this program has another COLL")
         done = ready + 1 + coll_cycles(cfg, cards, waiting[0][1]["n"], overheads=overheads,
                                        algorithm=allreduce)
         for i in range(cards):

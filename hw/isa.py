@@ -111,21 +111,27 @@ FORMATS = (
     ), "dst[i] = op(src1[i], src2[i or 0]), i < n; reductions write one word."),
     Format("COLL", 8, "coll", (
         F("cop", 2, "0 all-gather, 1 reduce-scatter, 2 all-reduce"),
-        F("src", 16, "first VSP word of this card's input"),
-        F("dst", 16, "first VSP word of the result"),
-        F("n", 16, "fp32 words of each card's input (>= 1)"),
+        F("src", 24, "this card's input: first VSP word, or first stripe row with hbm"),
+        F("dst", 24, "the result: first VSP word, or first stripe row with hbm"),
+        F("n", 24, "fp32 words of each card's input (>= 1)"),
+        F("hbm", 1, "input and result are in HBM (stripe rows) instead of the VSP"),
     ), "A ring collective over every card of the appliance, all of which execute the same COLL "
-       "(the same cop and n) as their k-th COLL. Words are grouped in beats of B = "
+       "(the same cop, n and hbm) as their k-th COLL. Words are grouped in beats of B = "
        "link.data_bits / 32 (the input zero-padded to nb = ceil(n / B) beats) and the "
        "reductions are fp32 in the order of docs/collectives.md (sim/ref/collective.py), over "
        "the config's ring (one direction, or both for a bidirectional ring). All-gather: "
-       "VSP[dst + j*nb*B + i] = card j's src[i]. All-reduce: VSP[dst + i] = the reduced word i, "
-       "i < nb*B. Reduce-scatter: the words of this card's segments only, at their offsets "
-       "from dst. The card kernel runs it on its collective unit (hw/core/coll.py) beside the "
-       "other units (the scoreboard orders it like a MATVEC: it reads src[0:n] and writes its "
-       "result range) when the `card` register names a ring of 2 to 16 cards with this card's "
-       "id below their number; otherwise it is ILLEGAL_OPCODE, as on a lone card. Peers that "
-       "do not reach a matching COLL end with RING_ERROR (on the card: a frame the schedule did "
+       "out[j*nb*B + i] = card j's in[i]. All-reduce: out[i] = the reduced word i, i < nb*B. "
+       "Reduce-scatter: the words of this card's segments only, at their offsets in out. "
+       "Without hbm, in = VSP[src:] and out = VSP[dst:] (src + n and dst + the result's size "
+       "within the VSP). With hbm, in and out are fp32 words in HBM: word i at byte 4i of the "
+       "run of stripe rows from src (dst), as LOAD.f32 and STORE.f32 place them, so messages "
+       "larger than the VSP go card to card from HBM to HBM; later instructions that touch "
+       "those rows wait for the COLL (the scoreboard holds its HBM row ranges). The card "
+       "kernel runs it on its collective unit (hw/core/coll.py) beside the other units (the "
+       "scoreboard orders it like a MATVEC: it reads its input range and writes its result "
+       "range) when the `card` register names a ring of 2 to 16 cards with this card's id "
+       "below their number; otherwise it is ILLEGAL_OPCODE, as on a lone card. Peers that do "
+       "not reach a matching COLL end with RING_ERROR (on the card: a frame the schedule did "
        "not expect, a dead link, or half the watchdog without a beat on the links); after a "
        "RING_ERROR the card refuses further COLLs until it is reset."),
 )

@@ -20,6 +20,9 @@ from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLite
 from hw.collective.link import Beat
 from hw.isa import ERROR_CODES
 
+from hw.dma.beats import HbmBeats
+from hw.dma.mux import AxiReadMux, AxiWriteMux
+
 from .coll import CollUnit
 from .ctrl import Control
 from .dma import DmaRead, DmaWrite
@@ -125,11 +128,32 @@ class Card(wiring.Component):
         m.d.comb += [fetch.start.eq(ctrl.start), fetch.stop.eq(~issue.running | issue.stopping),
                      fetch.prog_addr.eq(ctrl.prog_addr), fetch.insn_ptr.eq(ctrl.insn_ptr),
                      fetch.prog_len.eq(ctrl.prog_len)]
+        rsig = Axi4ReadSignature(addr_bits=64, data_bits=self.DB)
+        wsig = Axi4WriteSignature(addr_bits=64, data_bits=self.DB)
+        if self.ring:
+            # COLL with hbm: the collective unit's beats share each channel with the DMAs
+            m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
+                                                  data_bits=coll.D)
+            wiring.connect(m, coll.hrd, hb.rd)
+            wiring.connect(m, coll.hwr, hb.wr)
+            m.d.comb += [coll.hr_valid.eq(hb.rvalid), coll.hr_data.eq(hb.rdata),
+                         coll.hw_idle.eq(hb.w_idle)]
+        hbm_err = Const(0, 1)
         for k in range(C):
             port = getattr(self, f"m_axi_hbm{k}")
-            _wire(m, port, dma_rd.readers[k].axi, Axi4ReadSignature(addr_bits=64, data_bits=self.DB))
-            _wire(m, port, getattr(dma_wr, f"axi_{k}"),
-                  Axi4WriteSignature(addr_bits=64, data_bits=self.DB))
+            rd, wr = dma_rd.readers[k].axi, getattr(dma_wr, f"axi_{k}")
+            if self.ring:
+                rmux, wmux = AxiReadMux(rsig), AxiWriteMux(wsig)
+                m.submodules[f"rmux{k}"], m.submodules[f"wmux{k}"] = rmux, wmux
+                wiring.connect(m, rd, rmux.m0)
+                wiring.connect(m, getattr(hb, f"axi_r_{k}"), rmux.m1)
+                wiring.connect(m, wr, wmux.m0)
+                wiring.connect(m, getattr(hb, f"axi_w_{k}"), wmux.m1)
+                rd, wr = rmux.s, wmux.s
+                m.d.comb += getattr(hb, f"ptr_{k}").eq(getattr(ctrl, f"hbm_ptr_{k}"))
+                hbm_err = hb.err
+            _wire(m, port, rd, rsig)
+            _wire(m, port, wr, wsig)
             ptr = getattr(ctrl, f"hbm_ptr_{k}")
             m.d.comb += [getattr(dma_rd, f"ptr_{k}").eq(ptr), getattr(dma_wr, f"ptr_{k}").eq(ptr)]
 
@@ -166,7 +190,7 @@ class Card(wiring.Component):
         quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | (wfifo.level != 0) | fetch.busy
                   | coll_busy)
         m.d.comb += issue.quiet.eq(quiet)
-        m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err)
+        m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err | hbm_err)
         progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
                     | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
                     | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)

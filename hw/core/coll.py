@@ -9,7 +9,7 @@ the bare node (sim/fabric.py) writes by hand, from the instruction and the ``car
 register: nb = ceil(n / B) beats, the ring parts (all of it one way, or ceil(nb / 2) beats
 right and the rest left when the ``card`` register says the ring runs both ways) and each
 part's N segments,
-start_j = floor(j pb / N), found with one 16-step division per part and a running remainder.
+start_j = floor(j pb / N), found with one 22-step division per part and a running remainder.
 Then:
 
 - all-gather runs in place: the unit first copies the card's own input (zero-padded to nb
@@ -36,13 +36,14 @@ from amaranth.lib.wiring import In, Out
 from hw.collective.engine import MAX_CARDS, OP_AG
 from hw.collective.link import Beat
 from hw.collective.node import CollNode, node_kwargs, node_params
+from hw.dma.beats import BeatWrite
 
 from .vsp import ReadPort, WritePort
 
 __all__ = ["CollCmd", "CollUnit", "ring_ok"]
 
-CollCmd = data.StructLayout({"cop": 2, "src": 16, "dst": 16, "n": 16, "pc": 24})
-DIV_BITS = 16          # nb <= 65535 / B + 1 < 2^16 for B >= 2
+CollCmd = data.StructLayout({"cop": 2, "src": 24, "dst": 24, "n": 24, "hbm": 1, "pc": 24})
+DIV_BITS = 22          # nb <= (2^24 - 1) / B + 1 <= 2^22 for B >= 4 (link.data_bits >= 128)
 
 
 def ring_ok(card_reg):
@@ -79,6 +80,13 @@ class CollUnit(wiring.Component):
             raise ConfigError(f"core.vector_lanes: got {self.P}; the collective unit needs a divisor "
                               f"of link.data_bits / 32 = {self.B}")
         self.R = self.B // self.P
+        hb, C = cfg.hbm.data_bits, cfg.hbm.channels
+        if self.D % hb or C % (self.D // hb) or (C // (self.D // hb)) & (C // (self.D // hb) - 1):
+            from gen.config import ConfigError
+            raise ConfigError(f"link.data_bits: got {self.D}; COLL on HBM needs a link beat of whole "
+                              f"hbm.data_bits = {hb} channel beats, a power of two of them per "
+                              f"stripe row of hbm.channels = {C}")
+        self.per_row = C // (self.D // hb)               # link beats per stripe row
         self.row_bits = (c.vsp_words // self.P - 1).bit_length()
         self.timeout = timeout
         self.node = CollNode(**node_kwargs(cfg))
@@ -90,6 +98,8 @@ class CollUnit(wiring.Component):
             "r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat), "l_rx": In(beat),
             "rd": Out(ReadPort(self.row_bits, self.P)), "wr": Out(WritePort(self.row_bits, self.P)),
             "tx_beats": Out(2), "rx_beats": Out(2), "retx": Out(2), "crc_error": Out(2),
+            "hrd": Out(stream.Signature(32)), "hr_valid": In(1), "hr_data": In(self.D),
+            "hwr": Out(stream.Signature(BeatWrite(self.D))), "hw_idle": In(1),
         })
 
     def elaborate(self, platform):
@@ -108,7 +118,8 @@ class CollUnit(wiring.Component):
                      self.retx.eq(node.retx), self.crc_error.eq(node.crc_error)]
 
         # -- the instruction and its geometry ---------------------------------------------------
-        cop, src, dst, n, pc = (Signal(2), Signal(16), Signal(16), Signal(16), Signal(24))
+        cop, src, dst, n, pc = (Signal(2), Signal(24), Signal(24), Signal(24), Signal(24))
+        hbm = Signal()
         nb = Signal(DIV_BITS + 1)
         N = Signal(range(MAX_CARDS + 1))
         me = Signal(range(MAX_CARDS))
@@ -146,27 +157,38 @@ class CollUnit(wiring.Component):
         # all-gather's copy of the own block: rows k < nb R, from src to dst + me nb R rows
         k = Signal(DIV_BITS + lr + 1)
         own_row = Signal(24)
+        kr, own_b = Signal(DIV_BITS + 1), Signal(32)
+        COPY_AHEAD = 16
+        cq = SyncFIFO(width=D, depth=COPY_AHEAD)
+        m.submodules.copy_q = cq
         cdata = Signal(32 * P)
         src_row = src >> _log2(P)
         dst_row = dst >> _log2(P)
+        # with hbm: the first link beats of the input and the result in HBM (hw/dma/beats.py)
+        lpr = _log2(self.per_row)
+        src_b, dst_b = src << lpr, dst << lpr
 
         def lane_mask(word0, limit):
             return Cat(*[(word0 + lane) < limit for lane in range(P)])
 
         def masked(rdata, mask):
-            return Cat(*[Mux(mask[lane], rdata[32 * lane:32 * lane + 32], 0) for lane in range(P)])
+            return Cat(*[Mux(mask[lane], rdata[32 * lane:32 * lane + 32], 0) for lane in range(len(mask))])
+
+        def lane_mask_b(word0, limit):                    # the B words of a beat
+            return Cat(*[(word0 + w) < limit for w in range(B)])
 
         # -- beat <-> row adapters (active while the node runs) ------------------------------------
         running = Signal()
         rports = [node.mem_r_rd_src, node.mem_r_rd_op, node.mem_l_rd_src, node.mem_l_rd_op]
         wports = [node.mem_r_wr, node.mem_l_wr]
-        AG_LIMIT = 1 << 22                                # all-gather reads its padded block
-        # reads: a request is one beat, R row reads; replies routed back in order
-        route = SyncFIFO(width=2, depth=4)
+        AG_LIMIT = 1 << 29                                # all-gather reads its padded block
+        # reads: a request is one beat (R row reads, or one HBM beat read); replies routed back
+        # in order with the beat's word mask (words past the input read as +0)
+        route = SyncFIFO(width=2 + B, depth=32)
         m.submodules.route = route
         r_last, r_sel = Signal(2), Signal(2)
         r_busy, r_j = Signal(), Signal(range(R))
-        r_row, r_word, r_lim = Signal(RW + 1), Signal(24), Signal(23)
+        r_row, r_word, r_lim = Signal(RW + 1), Signal(30), Signal(30)
         r_mask = Signal(P)
         en = Cat(*[p.en for p in rports])
         with m.Switch(r_last):
@@ -175,17 +197,29 @@ class CollUnit(wiring.Component):
                     for q in reversed([(last + 1 + o) % 4 for o in range(4)]):
                         with m.If(en[q]):
                             m.d.comb += r_sel.eq(q)
-        r_take = running & ~dead & ~r_busy & en.any() & route.w_rdy
+        r_take = running & ~dead & ~hbm & ~r_busy & en.any() & route.w_rdy
+        h_ask = running & ~dead & hbm & en.any() & route.w_rdy
+        h_take = h_ask & self.hrd.ready
+        h_mask = Signal(B)
+        m.d.comb += self.hrd.valid.eq(h_ask)
         for q, port in enumerate(rports):
             is_src = q % 2 == 0
-            m.d.comb += port.ready.eq(r_take & (r_sel == q))
+            m.d.comb += port.ready.eq((r_take | h_take) & (r_sel == q))
+            base = Mux(is_ag, dst_row, src_row) if is_src else src_row
+            hbase = Mux(is_ag, dst_b, src_b) if is_src else src_b
+            lim = Mux(is_ag, AG_LIMIT, n) if is_src else n
+            beat_addr = port.addr[0:DIV_BITS + 1]
+            with m.If(r_sel == q):
+                m.d.comb += [self.hrd.payload.eq(hbase + beat_addr),
+                             h_mask.eq(lane_mask_b(beat_addr << lb, lim))]
             with m.If(r_take & (r_sel == q)):
-                base = Mux(is_ag, dst_row, src_row) if is_src else src_row
-                lim = Mux(is_ag, AG_LIMIT, n) if is_src else n
                 m.d.sync += [r_busy.eq(1), r_j.eq(0), r_last.eq(q),
-                             r_row.eq(base + (port.addr[0:DIV_BITS + 1] << lr)),
-                             r_word.eq(port.addr[0:DIV_BITS + 1] << lb), r_lim.eq(lim)]
-        m.d.comb += [route.w_en.eq(r_take), route.w_data.eq(r_sel)]
+                             r_row.eq(base + (beat_addr << lr)),
+                             r_word.eq(beat_addr << lb), r_lim.eq(lim)]
+            with m.If(h_take & (r_sel == q)):
+                m.d.sync += r_last.eq(q)
+        m.d.comb += [route.w_en.eq(r_take | h_take),
+                     route.w_data.eq(Cat(r_sel, Mux(hbm, h_mask, Const((1 << B) - 1, B))))]
         word_now = r_word + (r_j << _log2(P))
         past = word_now >= r_lim
         # rows wholly past the input read a row that exists (src's first) and are masked to zero
@@ -207,13 +241,16 @@ class CollUnit(wiring.Component):
         a_j = Signal(range(R))
         row_in = masked(self.rd.rdata, r_mask)
         beat = Cat(acc[32 * P:], row_in) if R > 1 else row_in
-        deliver = running & self.rd.rvalid & (a_j == R - 1)
+        deliver = running & ~hbm & self.rd.rvalid & (a_j == R - 1)
         with m.If(running & self.rd.rvalid):
             m.d.sync += acc.eq(beat)
             m.d.sync += a_j.eq(Mux(a_j == R - 1, 0, a_j + 1))
-        m.d.comb += route.r_en.eq(deliver)
+        h_deliver = running & hbm & self.hr_valid
+        h_beat = masked(self.hr_data, route.r_data[2:])
+        m.d.comb += route.r_en.eq(deliver | h_deliver)
         for q, port in enumerate(rports):
-            m.d.comb += [port.rvalid.eq(deliver & (route.r_data == q)), port.data.eq(beat)]
+            m.d.comb += [port.rvalid.eq((deliver | h_deliver) & (route.r_data[0:2] == q)),
+                         port.data.eq(Mux(hbm, h_beat, beat))]
 
         # writes: one beat at a time, R row writes
         w_last, w_sel = Signal(), Signal()
@@ -221,9 +258,17 @@ class CollUnit(wiring.Component):
         w_row, w_buf = Signal(RW + 1), Signal(D)
         both = wports[0].en & wports[1].en
         m.d.comb += w_sel.eq(Mux(both, ~w_last, wports[1].en))
-        w_take = running & ~dead & ~w_busy & (wports[0].en | wports[1].en)
+        w_take = running & ~dead & ~hbm & ~w_busy & (wports[0].en | wports[1].en)
+        hw_ask = running & ~dead & hbm & (wports[0].en | wports[1].en)
+        hw_take = hw_ask & self.hwr.ready
+        m.d.comb += self.hwr.valid.eq(hw_ask)
         for q, port in enumerate(wports):
-            m.d.comb += port.ready.eq(w_take & (w_sel == q))
+            m.d.comb += port.ready.eq((w_take | hw_take) & (w_sel == q))
+            with m.If(w_sel == q):
+                m.d.comb += [self.hwr.payload.beat.eq(dst_b + port.addr[0:DIV_BITS + 1]),
+                             self.hwr.payload.data.eq(port.data)]
+            with m.If(hw_take & (w_sel == q)):
+                m.d.sync += w_last.eq(q)
             with m.If(w_take & (w_sel == q)):
                 m.d.sync += [w_busy.eq(1), w_j.eq(0), w_last.eq(q), w_buf.eq(port.data),
                              w_row.eq(dst_row + (port.addr[0:DIV_BITS + 1] << lr))]
@@ -246,7 +291,8 @@ class CollUnit(wiring.Component):
 
         # -- progress and the no-progress timeout -----------------------------------------------------
         wire = node.tx_beat_r | node.tx_beat_l | node.rx_beat_r | node.rx_beat_l
-        grant = (self.rd.req.valid & self.rd.req.ready) | (self.wr.req.valid & self.wr.req.ready)
+        grant = ((self.rd.req.valid & self.rd.req.ready) | (self.wr.req.valid & self.wr.req.ready)
+                 | (self.hrd.valid & self.hrd.ready) | (self.hwr.valid & self.hwr.ready))
         m.d.comb += self.progress.eq(wire | grant | self.done)
         idle = Signal(range(self.timeout + 1))
 
@@ -258,7 +304,7 @@ class CollUnit(wiring.Component):
                 with m.If(self.cmd.valid):
                     p = self.cmd.payload
                     m.d.sync += [cop.eq(p.cop), src.eq(p.src), dst.eq(p.dst), n.eq(p.n), pc.eq(p.pc),
-                                 nb.eq((p.n + (B - 1)) >> lb), part.eq(0)]
+                                 hbm.eq(p.hbm), nb.eq((p.n + (B - 1)) >> lb), part.eq(0)]
                     with m.If(dead):
                         m.next = "FAIL"
                     with m.Else():
@@ -287,6 +333,9 @@ class CollUnit(wiring.Component):
                     with m.If(~part & bidir):
                         m.d.sync += part.eq(1)
                         m.next = "DIV0"
+                    with m.Elif(is_ag & hbm):
+                        m.d.sync += [k.eq(0), kr.eq(0), own_b.eq(dst_b + me * nb)]
+                        m.next = "HCOPY"
                     with m.Elif(is_ag):
                         m.d.sync += [k.eq(0), own_row.eq(dst_row + me * (nb << lr))]
                         m.next = "COPY_RD"
@@ -308,6 +357,25 @@ class CollUnit(wiring.Component):
                 with m.If(self.wr.req.ready):
                     m.d.sync += k.eq(k + 1)
                     m.next = "COPY_RD"
+            with m.State("HCOPY"):
+                # the own block from HBM to HBM: reads run ahead of the writes by at most
+                # the copy FIFO's depth; replies are never held back
+                m.d.comb += [self.hrd.valid.eq((kr < nb) & (kr - k < COPY_AHEAD)),
+                             self.hrd.payload.eq(src_b + kr),
+                             cq.w_en.eq(self.hr_valid), cq.w_data.eq(self.hr_data),
+                             self.hwr.valid.eq(cq.r_rdy), self.hwr.payload.beat.eq(own_b + k),
+                             self.hwr.payload.data.eq(masked(cq.r_data, lane_mask_b(k << lb, n))),
+                             cq.r_en.eq(self.hwr.ready)]
+                with m.If(self.hrd.valid & self.hrd.ready):
+                    m.d.sync += kr.eq(kr + 1)
+                with m.If(self.hwr.valid & self.hwr.ready):
+                    m.d.sync += k.eq(k + 1)
+                with m.If(k == nb):
+                    m.next = "SETTLE"
+            with m.State("SETTLE"):
+                # every write of the copy answered before the node reads the block
+                with m.If(self.hw_idle):
+                    m.next = "START"
             with m.State("START"):
                 m.d.comb += node.start.eq(1)
                 m.d.sync += idle.eq(0)
@@ -317,7 +385,7 @@ class CollUnit(wiring.Component):
                 m.d.sync += idle.eq(Mux(self.progress, 0, idle + 1))
                 with m.If(node.link_error.any() | node.order_error | (idle == self.timeout)):
                     m.next = "FAIL"
-                with m.Elif(~node.busy & ~r_busy & ~w_busy & ~route.r_rdy):
+                with m.Elif(~node.busy & ~r_busy & ~w_busy & ~route.r_rdy & self.hw_idle):
                     m.d.comb += self.done.eq(1)
                     m.next = "IDLE"
             with m.State("FAIL"):

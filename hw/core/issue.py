@@ -227,23 +227,33 @@ class Issue(wiring.Component):
                 m.d.comb += rng(d.wr, Mux(cvt, SPACE_XB, SPACE_VSP), f["dst"], f["dst"] + d_n)
             if self.ring:
                 with m.Case(OPCODES["COLL"]):
-                    f = {n: _field(w, "COLL", n) for n in ("cop", "src", "dst", "n")}
+                    f = {n: _field(w, "COLL", n) for n in ("cop", "src", "dst", "n", "hbm")}
                     lb = (self.B - 1).bit_length()
                     words = ((f["n"] + (self.B - 1)) >> lb) << lb          # nb beats of B words
-                    out = Signal(26)
+                    out = Signal(30)
                     m.d.comb += out.eq(Mux(f["cop"] == 0, words * self.card_reg[8:13], words))
+                    # with hbm: stripe rows of the input and of the result
+                    r_in, r_out = Signal(25), Signal(25)
+                    m.d.comb += [r_in.eq(((f["n"] << 2) + (S - 1)) >> sl),
+                                 r_out.eq(((out << 2) + (S - 1)) >> sl)]
+                    a_n = Mux(f["hbm"], r_in, f["n"])           # input and result extents
+                    a_out = Mux(f["hbm"], r_out, out)
                     mis = (lambda v: v[0:pl] != 0) if pl else (lambda v: Const(0, 1))
                     m.d.comb += d.kind.eq(KIND["COLL"])
                     m.d.comb += d.err.eq(_first([
                         (~ring_ok(self.card_reg) | (f["cop"] == 3), E["ILLEGAL_OPCODE"]),
                         (f["n"] == 0, E["BAD_FIELD"]),
-                        (mis(f["src"]) | mis(f["dst"]), E["ALIGN"]),
-                        ((f["src"] + f["n"] > VW) | (f["dst"] + out > VW), E["VSP_RANGE"]),
-                        ((f["src"] != f["dst"]) & (f["src"] < f["dst"] + out)
-                         & (f["dst"] < f["src"] + f["n"]), E["OVERLAP"]),
+                        (~f["hbm"] & (mis(f["src"]) | mis(f["dst"])), E["ALIGN"]),
+                        (~f["hbm"] & ((f["src"] + f["n"] > VW) | (f["dst"] + out > VW)),
+                         E["VSP_RANGE"]),
+                        (f["hbm"] & ((f["src"] + r_in > ROWS) | (f["dst"] + r_out > ROWS)),
+                         E["HBM_RANGE"]),
+                        ((f["src"] != f["dst"]) & (f["src"] < f["dst"] + a_out)
+                         & (f["dst"] < f["src"] + a_n), E["OVERLAP"]),
                     ]))
-                    m.d.comb += rng(d.rd1, SPACE_VSP, f["src"], f["src"] + f["n"])
-                    m.d.comb += rng(d.wr, SPACE_VSP, f["dst"], f["dst"] + out)
+                    space = Mux(f["hbm"], SPACE_HBM, SPACE_VSP)
+                    m.d.comb += rng(d.rd1, space, f["src"], f["src"] + a_n)
+                    m.d.comb += rng(d.wr, space, f["dst"], f["dst"] + a_out)
             with m.Default():
                 m.d.comb += [d.kind.eq(KIND["NONE"]), d.err.eq(E["ILLEGAL_OPCODE"])]
         with m.If(fetch_err):
@@ -334,7 +344,7 @@ class Issue(wiring.Component):
                 m.d.comb += getattr(q.payload, name).eq(lo(op, name))
         queues = {u: getattr(self, f"q_{u}") for u in self.units}
         if self.ring:
-            for name in ("cop", "src", "dst", "n"):
+            for name in ("cop", "src", "dst", "n", "hbm"):
                 m.d.comb += getattr(self.q_coll.payload, name).eq(lo("COLL", name))
             m.d.comb += self.q_coll.payload.pc.eq(dq.pc)
         # valid never depends on ready: `want` is everything but the queue's ready.

@@ -53,7 +53,7 @@ class IssRing:
         while any(w is not None for w in waiting):
             live = [w for w in waiting if w is not None]
             agree = (len(live) == self.N and
-                     len({(w.fields["cop"], w.fields["n"]) for w in live}) == 1)
+                     len({(w.fields["cop"], w.fields["n"], w.fields["hbm"]) for w in live}) == 1)
             if not agree:
                 for i in range(self.N):
                     if waiting[i] is not None:
@@ -79,10 +79,19 @@ class IssRing:
         nb = -(-n // B)
         out_words = N * nb * B if op == "allgather" else nb * B
         P = self.cfg.core.vector_lanes
+        hbm = bool(f0["hbm"])
+        iss0 = self.devices[0].iss
+        S = iss0.S
+        rows_in, rows_out = -(-4 * n // S), -(-4 * out_words // S)
         for i, insn in enumerate(insns):
             src, dst = insn.fields["src"], insn.fields["dst"]
             vsp = self.devices[i].iss.vsp
-            if src % P or dst % P:
+            if hbm:
+                if src + rows_in > iss0.rows or dst + rows_out > iss0.rows:
+                    errors[i] = IssError("HBM_RANGE")
+                elif src != dst and src < dst + rows_out and dst < src + rows_in:
+                    errors[i] = IssError("OVERLAP")
+            elif src % P or dst % P:
                 errors[i] = IssError("ALIGN")
             elif src + n > len(vsp) or dst + out_words > len(vsp):
                 errors[i] = IssError("VSP_RANGE")
@@ -90,20 +99,34 @@ class IssRing:
                 errors[i] = IssError("OVERLAP")
         if any(errors):
             return [e or IssError("RING_ERROR") for e in errors]
-        inputs = np.stack([d.iss.vsp[insn.fields["src"]:insn.fields["src"] + n]
+
+        def read(iss, src):
+            if hbm:
+                return iss.read_stripes(src, rows_in)[:4 * n].view(np.uint32)
+            return iss.vsp[src:src + n]
+
+        def write(iss, dst, w0, words):
+            """out[w0 : w0 + len(words)] = words"""
+            if hbm:
+                off = 4 * (dst * S // 4 + w0) + np.arange(4 * len(words))
+                iss.write_stripe_bytes(off // S, off % S, np.ascontiguousarray(words).view(np.uint8))
+            else:
+                iss.vsp[dst + w0:dst + w0 + len(words)] = words
+
+        inputs = np.stack([read(d.iss, insn.fields["src"])
                            for d, insn in zip(self.devices, insns, strict=True)])
         outs = ref.reference(op, inputs, B, bidirectional=self.bidirectional)
         parts = ref.halves(nb, self.bidirectional)
         for i, (dev, insn) in enumerate(zip(self.devices, insns, strict=True)):
-            vsp, dst = dev.iss.vsp, insn.fields["dst"]
+            dst = insn.fields["dst"]
             if op == "reducescatter":
                 k = 0
                 for p0, pb, _d in parts:
                     s0, sb = ref.segments(pb, N)[i]
-                    vsp[dst + (p0 + s0) * B:dst + (p0 + s0 + sb) * B] = outs[i][k:k + sb * B]
+                    write(dev.iss, dst, (p0 + s0) * B, outs[i][k:k + sb * B])
                     k += sb * B
             else:
-                vsp[dst:dst + out_words] = outs[i]
+                write(dev.iss, dst, 0, outs[i])
             dev.iss.counters["link_tx_bytes"] += self._sent_beats(op, i, nb) * B * 4
             # received: the right-hand ring's part from card i - 1, the left-hand's from i + 1
             rx = sum(self._sent_beats(op, (i - d) % N, nb, only=d) for d in (+1, -1))

@@ -1,0 +1,118 @@
+"""Two or more AXI4 managers sharing one HBM channel port.
+
+Reads: AR is arbitrated round-robin per burst; every accepted AR records its manager in an
+order FIFO, and the R beats (in AR order: one ID, an in-order subordinate) go back to the
+manager at its head until RLAST. Writes: a manager keeps the AW and W channels from its AW
+until both its AW and its last W beat have gone (the managers here present AW and W
+together); B responses go back in AW order the same way. A channel held with VALID high and
+READY low keeps its manager, so what the subordinate sees obeys AXI's stability rule.
+"""
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["AxiReadMux", "AxiWriteMux"]
+
+
+def _round_robin(m, valids, last, sel):
+    """sel = the first manager after ``last`` whose valid is high (``last`` when none is)."""
+    M = len(valids)
+    m.d.comb += sel.eq(last)
+    with m.Switch(last):
+        for lst in range(M):
+            with m.Case(lst):
+                for q in reversed([(lst + 1 + o) % M for o in range(M)]):
+                    with m.If(valids[q]):
+                        m.d.comb += sel.eq(q)
+
+
+class AxiReadMux(wiring.Component):
+    """Members: ``m<i>`` In(sig) the managers' ports; ``s`` Out(sig) to the subordinate."""
+
+    def __init__(self, sig, managers=2, depth=32):
+        self.M, self.depth, self.sig = managers, depth, sig
+        members = {f"m{i}": In(sig) for i in range(managers)}
+        members["s"] = Out(sig)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        M = self.M
+        mgr = [getattr(self, f"m{i}") for i in range(M)]
+        s = self.s
+        order = SyncFIFO(width=max(1, (M - 1).bit_length()), depth=self.depth)
+        m.submodules.order = order
+        last, held, choose = Signal(range(M)), Signal(range(M)), Signal(range(M))
+        locked = Signal()
+        _round_robin(m, [p.arvalid for p in mgr], last, choose)
+        cur = Mux(locked, held, choose)
+        ar_fields = ("arid", "araddr", "arlen", "arsize", "arburst")
+        for i, p in enumerate(mgr):
+            with m.If(cur == i):
+                m.d.comb += [getattr(s, f).eq(getattr(p, f)) for f in ar_fields]
+                m.d.comb += [s.arvalid.eq(p.arvalid & order.w_rdy),
+                             p.arready.eq(s.arready & order.w_rdy)]
+        ar = s.arvalid & s.arready
+        m.d.comb += [order.w_en.eq(ar), order.w_data.eq(cur)]
+        with m.If(ar):
+            m.d.sync += [locked.eq(0), last.eq(cur)]
+        with m.Elif(s.arvalid):
+            m.d.sync += [locked.eq(1), held.eq(cur)]
+        head = order.r_data
+        for i, p in enumerate(mgr):
+            m.d.comb += [p.rid.eq(s.rid), p.rdata.eq(s.rdata), p.rresp.eq(s.rresp),
+                         p.rlast.eq(s.rlast), p.rvalid.eq(s.rvalid & order.r_rdy & (head == i))]
+            with m.If(head == i):
+                m.d.comb += s.rready.eq(order.r_rdy & p.rready)
+        m.d.comb += order.r_en.eq(s.rvalid & s.rready & s.rlast)
+        return m
+
+
+class AxiWriteMux(wiring.Component):
+    """Members: ``m<i>`` In(sig) the managers' ports; ``s`` Out(sig) to the subordinate."""
+
+    def __init__(self, sig, managers=2, depth=32):
+        self.M, self.depth, self.sig = managers, depth, sig
+        members = {f"m{i}": In(sig) for i in range(managers)}
+        members["s"] = Out(sig)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        M = self.M
+        mgr = [getattr(self, f"m{i}") for i in range(M)]
+        s = self.s
+        order = SyncFIFO(width=max(1, (M - 1).bit_length()), depth=self.depth)
+        m.submodules.order = order
+        last, held, choose = Signal(range(M)), Signal(range(M)), Signal(range(M))
+        locked, aw_done, w_done = Signal(), Signal(), Signal()
+        _round_robin(m, [p.awvalid for p in mgr], last, choose)
+        cur = Mux(locked, held, choose)
+        aw_fields = ("awid", "awaddr", "awlen", "awsize", "awburst")
+        w_fields = ("wdata", "wstrb", "wlast")
+        for i, p in enumerate(mgr):
+            with m.If(cur == i):
+                m.d.comb += [getattr(s, f).eq(getattr(p, f)) for f in aw_fields + w_fields]
+                # W only for the manager whose AW won (or went), never before it
+                m.d.comb += [s.awvalid.eq(p.awvalid & ~aw_done & order.w_rdy),
+                             p.awready.eq(s.awready & ~aw_done & order.w_rdy),
+                             s.wvalid.eq(p.wvalid & ~w_done & (locked | p.awvalid)),
+                             p.wready.eq(s.wready & ~w_done & (locked | p.awvalid))]
+        aw = s.awvalid & s.awready
+        w_end = s.wvalid & s.wready & s.wlast
+        aw_ok, w_ok = aw_done | aw, w_done | w_end
+        m.d.comb += [order.w_en.eq(aw), order.w_data.eq(cur)]
+        with m.If(aw_ok & w_ok):
+            m.d.sync += [locked.eq(0), aw_done.eq(0), w_done.eq(0), last.eq(cur)]
+        with m.Elif(s.awvalid | s.wvalid | locked):
+            m.d.sync += [locked.eq(1), held.eq(cur), aw_done.eq(aw_ok), w_done.eq(w_ok)]
+        head = order.r_data
+        for i, p in enumerate(mgr):
+            m.d.comb += [p.bid.eq(s.bid), p.bresp.eq(s.bresp),
+                         p.bvalid.eq(s.bvalid & order.r_rdy & (head == i))]
+            with m.If(head == i):
+                m.d.comb += s.bready.eq(order.r_rdy & p.bready)
+        m.d.comb += order.r_en.eq(s.bvalid & s.bready)
+        return m

@@ -185,7 +185,7 @@ def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print):
 CARD_SIZES = {"vsp": (4 << 10, 16 << 10, 32 << 10), "hbm": (16 << 10, 256 << 10, 1 << 20, 4 << 20)}
 
 
-def bench_card_collective(cfg, *, cards=2, sizes=CARD_SIZES, log=print):
+def bench_card_collective(cfg, *, cards=(2, 4), sizes=CARD_SIZES, log=print):
     """All-reduce through the card kernel's collective unit on the Verilated appliance (COLL
     from the VSP and, with hbm, from HBM stripe rows to HBM), checked against numpy's
     reference; busbw as in the fabric sweep, from the card's cycle counter (COLL + HALT)."""
@@ -200,47 +200,46 @@ def bench_card_collective(cfg, *, cards=2, sizes=CARD_SIZES, log=print):
     S, B = cfg.stripe_bytes, cfg.link.data_bits // 32
     rng = np.random.default_rng(0)
     rows = []
-    for where, sz in sizes.items():
-        for size in sz:
-            n = size // 4
-            app = RtlAppliance(cfg, cards, lib=lib)
-            x = rng.standard_normal((cards, n)).astype(np.float32)
-            if where == "hbm":
-                src, dst = 4096, 4096 + -(-size // S) + 16
-                for i, d in enumerate(app.devices):
-                    write_stripes(d, cfg, src, x[i])
-                prog = [encode("COLL", cop=2, src=src, dst=dst, n=n, hbm=1), encode("HALT")]
-            else:
-                src, dst = 0, n
-                for i, d in enumerate(app.devices):
-                    write_stripes(d, cfg, lay.data_rows[0], x[i])
-                prog = [encode("LOAD", vsp=0, n=n, row=lay.data_rows[0], f32=1), encode("FENCE"),
-                        encode("COLL", cop=2, src=src, dst=dst, n=n), encode("FENCE"),
-                        encode("STORE", vsp=dst, n=n, row=lay.out_rows[0],
-                               lepg=(S // 4).bit_length() - 1, lgpr=0, gstride=0, rstride=1, f32=1),
-                        encode("HALT")]
-            st = app.run([prog] * cards, lay.prog_addr, timeout_s=900)
-            want = ref.reference("allreduce", x.view(np.uint32), B,
-                                 bidirectional=cfg.topology == "bidirectional_ring")[0][:n]
-            out_row = dst if where == "hbm" else lay.out_rows[0]
-            ok = st == [(len(prog) - 1) << 8] * cards and all(
-                np.array_equal(read_stripes(d, cfg, out_row, -(-size // S)).view(np.uint32)[:n], want)
-                for d in app.devices)
-            if not ok:
-                raise RuntimeError(f"card all-reduce of {size} B from {where}: wrong result ({st})")
-            c = app.devices[0].counters()
-            cyc = c["cycles"]
-            if where == "vsp":      # the COLL alone: the LOAD and STORE around it are timed apart
-                base = RtlAppliance(cfg, cards, lib=lib)
-                p0 = prog[:2] + prog[3:]
-                base.run([p0] * cards, lay.prog_addr, timeout_s=900)
-                cyc -= base.devices[0].counters()["cycles"]
-            bus = size / cyc * 2 * (cards - 1) / cards
-            rows.append({"from": where, "size": size, "cards": cards, "cycles": int(cyc),
-                         "busbw_bytes_per_cycle": round(bus, 2),
-                         "busbw_fraction_of_link_peak": round(bus / cfg.link_bytes_per_cycle, 3)})
-            log(f"  card all-reduce from {where}: {size:>8d} B  {cards} cards  {cyc:>8d} cycles  "
-                f"busbw {rows[-1]['busbw_fraction_of_link_peak']:.3f} of peak")
+    for where, size, n_cards in [(w, z, c) for c in cards for w, sz in sizes.items() for z in sz]:
+        n = size // 4
+        app = RtlAppliance(cfg, n_cards, lib=lib)
+        x = rng.standard_normal((n_cards, n)).astype(np.float32)
+        if where == "hbm":
+            src, dst = 4096, 4096 + -(-size // S) + 16
+            for i, d in enumerate(app.devices):
+                write_stripes(d, cfg, src, x[i])
+            prog = [encode("COLL", cop=2, src=src, dst=dst, n=n, hbm=1), encode("HALT")]
+        else:
+            src, dst = 0, n
+            for i, d in enumerate(app.devices):
+                write_stripes(d, cfg, lay.data_rows[0], x[i])
+            prog = [encode("LOAD", vsp=0, n=n, row=lay.data_rows[0], f32=1), encode("FENCE"),
+                    encode("COLL", cop=2, src=src, dst=dst, n=n), encode("FENCE"),
+                    encode("STORE", vsp=dst, n=n, row=lay.out_rows[0],
+                           lepg=(S // 4).bit_length() - 1, lgpr=0, gstride=0, rstride=1, f32=1),
+                    encode("HALT")]
+        st = app.run([prog] * n_cards, lay.prog_addr, timeout_s=900)
+        want = ref.reference("allreduce", x.view(np.uint32), B,
+                             bidirectional=cfg.topology == "bidirectional_ring")[0][:n]
+        out_row = dst if where == "hbm" else lay.out_rows[0]
+        ok = st == [(len(prog) - 1) << 8] * n_cards and all(
+            np.array_equal(read_stripes(d, cfg, out_row, -(-size // S)).view(np.uint32)[:n], want)
+            for d in app.devices)
+        if not ok:
+            raise RuntimeError(f"card all-reduce of {size} B from {where}: wrong result ({st})")
+        c = app.devices[0].counters()
+        cyc = c["cycles"]
+        if where == "vsp":      # the COLL alone: the LOAD and STORE around it are timed apart
+            base = RtlAppliance(cfg, n_cards, lib=lib)
+            p0 = prog[:2] + prog[3:]
+            base.run([p0] * n_cards, lay.prog_addr, timeout_s=900)
+            cyc -= base.devices[0].counters()["cycles"]
+        bus = size / cyc * 2 * (n_cards - 1) / n_cards
+        rows.append({"from": where, "size": size, "cards": n_cards, "cycles": int(cyc),
+                     "busbw_bytes_per_cycle": round(bus, 2),
+                     "busbw_fraction_of_link_peak": round(bus / cfg.link_bytes_per_cycle, 3)})
+        log(f"  card all-reduce from {where}: {size:>8d} B  {n_cards} cards  {cyc:>8d} cycles  "
+            f"busbw {rows[-1]['busbw_fraction_of_link_peak']:.3f} of peak")
     return rows
 
 
@@ -297,7 +296,8 @@ def collective_table(result):
                      f"{r['cycles']} | {r['floor_cycles']} | {r['overhead_cycles_per_hop']} |")
     if result.get("card"):
         lines.append("")
-        lines.append("| all-reduce through the card kernel (Verilated appliance) | cycles | busbw / link peak |")
+        lines.append("| all-reduce through the card kernel (Verilated appliance) | cycles "
+                     "| busbw / link peak |")
         lines.append("|---|---|---|")
         for r in result["card"]:
             lines.append(f"| {_size(r['size'])} from the {r['from'].upper()}, {r['cards']} cards | "

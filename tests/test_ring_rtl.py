@@ -190,8 +190,9 @@ HBM_CASES = [  # (cop, src row, dst row, n)
     (1, 4096, 7000, 9999),          # reduce-scatter, segments N does not divide
     (2, 8000, 8000, 777),           # all-reduce in place
     (0, 8200, 8200, 300),           # all-gather onto its own input
+    (2, 9000, 11000, 45000),        # 180 KB: prefetch streams restarting at every segment
 ]
-HBM_REGION = (4096, 8400)
+HBM_REGION = (4096, 12500)
 
 
 def _hbm_program(cfg, lay):
@@ -224,6 +225,7 @@ def test_coll_on_hbm_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed
     inputs = []
     for i in range(cards):
         x = (rng.standard_normal(20000) * np.exp(rng.uniform(-4, 4, 20000))).astype(np.float32)
+        z = rng.standard_normal(45000).astype(np.float32)
         y = rng.standard_normal(2000).astype(np.float32)
         inputs.append(x.view(np.uint32))
         # the message region: random words around the inputs, so that the words past each n
@@ -234,6 +236,7 @@ def test_coll_on_hbm_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed
         region[at(4096):at(4096) + 20000] = x.view(np.uint32)
         region[at(8000):at(8000) + 777] = y[:777].view(np.uint32)
         region[at(8200):at(8200) + 300] = y[1000:1300].view(np.uint32)
+        region[at(9000):at(9000) + 45000] = z.view(np.uint32)
         for ring in (iss, rtl):
             dev = ring.devices[i]
             write_stripes(dev, cfg, HBM_REGION[0], region)

@@ -18,10 +18,9 @@ from amaranth.lib.wiring import Out
 from hw import regs
 from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature
 from hw.collective.link import Beat
-from hw.isa import ERROR_CODES
-
 from hw.dma.beats import HbmBeats
 from hw.dma.mux import AxiReadMux, AxiWriteMux
+from hw.isa import ERROR_CODES
 
 from .coll import CollUnit
 from .ctrl import Control
@@ -133,7 +132,7 @@ class Card(wiring.Component):
         if self.ring:
             # COLL with hbm: the collective unit's beats share each channel with the DMAs
             m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
-                                                  data_bits=coll.D)
+                                                  data_bits=coll.D, run=coll.run)
             wiring.connect(m, coll.hrd, hb.rd)
             wiring.connect(m, coll.hwr, hb.wr)
             m.d.comb += [coll.hr_valid.eq(hb.rvalid), coll.hr_data.eq(hb.rdata),

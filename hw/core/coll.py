@@ -21,6 +21,14 @@ The node's three memory ports per ring direction share one VSP read port and one
 port of this unit, arbitrated round-robin per beat; each beat is R row accesses, so the
 unit moves at most P words a cycle each way (the link's 62.5 B/cycle needs P >= 16).
 
+With the COLL's ``hbm`` bit, src and dst are HBM stripe rows and the node's ports go to HBM
+instead (hw/dma/beats.py, shared with the DMA on every channel by hw/dma/mux.py): each read
+port through a prefetcher that streams ahead of the engine's requests in runs (bursts per
+channel), restarting where a request breaks the sequence and dropping what the old stream
+fetched beyond its last request; writes gathered into bursts by HbmBeats. All-gather's own
+block is copied HBM to HBM first, its writes answered before the node starts. The COLL is
+done when every write is answered and the prefetchers are empty (docs/collectives.md).
+
 Errors (RING_ERROR, with the pc of the COLL): a link whose retries ran out, a frame the
 schedule did not expect (a peer that disagrees on the COLL: frames carry n's low bits and
 the cop in their tags), or ``timeout`` cycles without a
@@ -30,13 +38,13 @@ unknown: the unit refuses further COLLs (RING_ERROR at once) until the kernel is
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from hw.collective.engine import MAX_CARDS, OP_AG
 from hw.collective.link import Beat
 from hw.collective.node import CollNode, node_kwargs, node_params
-from hw.dma.beats import BeatWrite
+from hw.dma.beats import BeatWrite, ReadRun, page_beats
 
 from .vsp import ReadPort, WritePort
 
@@ -87,6 +95,13 @@ class CollUnit(wiring.Component):
                               f"hbm.data_bits = {hb} channel beats, a power of two of them per "
                               f"stripe row of hbm.channels = {C}")
         self.per_row = C // (self.D // hb)               # link beats per stripe row
+        # COLL on HBM: each node read port streams ahead through its own prefetch FIFO, in
+        # runs of `run` beats (bursts of run / per_row beats per channel); `ahead` beats in
+        # flight cover the HBM latency at a beat a cycle
+        self.run = min(32, self.per_row * 8)
+        self.pq = 1 << (cfg.hbm.latency_cycles + 2 * self.run + 16).bit_length()
+        self.ahead = self.pq - self.run
+        self.page_beats = page_beats(C, hb, self.D)
         self.row_bits = (c.vsp_words // self.P - 1).bit_length()
         self.timeout = timeout
         self.node = CollNode(**node_kwargs(cfg))
@@ -98,7 +113,7 @@ class CollUnit(wiring.Component):
             "r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat), "l_rx": In(beat),
             "rd": Out(ReadPort(self.row_bits, self.P)), "wr": Out(WritePort(self.row_bits, self.P)),
             "tx_beats": Out(2), "rx_beats": Out(2), "retx": Out(2), "crc_error": Out(2),
-            "hrd": Out(stream.Signature(32)), "hr_valid": In(1), "hr_data": In(self.D),
+            "hrd": Out(stream.Signature(ReadRun)), "hr_valid": In(1), "hr_data": In(self.D),
             "hwr": Out(stream.Signature(BeatWrite(self.D))), "hw_idle": In(1),
         })
 
@@ -158,7 +173,7 @@ class CollUnit(wiring.Component):
         k = Signal(DIV_BITS + lr + 1)
         own_row = Signal(24)
         kr, own_b = Signal(DIV_BITS + 1), Signal(32)
-        COPY_AHEAD = 16
+        COPY_AHEAD = 64
         cq = SyncFIFO(width=D, depth=COPY_AHEAD)
         m.submodules.copy_q = cq
         cdata = Signal(32 * P)
@@ -179,12 +194,12 @@ class CollUnit(wiring.Component):
 
         # -- beat <-> row adapters (active while the node runs) ------------------------------------
         running = Signal()
+        start_pf, draining, copying = Signal(), Signal(), Signal()
         rports = [node.mem_r_rd_src, node.mem_r_rd_op, node.mem_l_rd_src, node.mem_l_rd_op]
         wports = [node.mem_r_wr, node.mem_l_wr]
         AG_LIMIT = 1 << 29                                # all-gather reads its padded block
-        # reads: a request is one beat (R row reads, or one HBM beat read); replies routed back
-        # in order with the beat's word mask (words past the input read as +0)
-        route = SyncFIFO(width=2 + B, depth=32)
+        # reads from the VSP: a request is one beat, R row reads; replies routed back in order
+        route = SyncFIFO(width=2, depth=4)
         m.submodules.route = route
         r_last, r_sel = Signal(2), Signal(2)
         r_busy, r_j = Signal(), Signal(range(R))
@@ -198,28 +213,128 @@ class CollUnit(wiring.Component):
                         with m.If(en[q]):
                             m.d.comb += r_sel.eq(q)
         r_take = running & ~dead & ~hbm & ~r_busy & en.any() & route.w_rdy
-        h_ask = running & ~dead & hbm & en.any() & route.w_rdy
-        h_take = h_ask & self.hrd.ready
-        h_mask = Signal(B)
-        m.d.comb += self.hrd.valid.eq(h_ask)
         for q, port in enumerate(rports):
             is_src = q % 2 == 0
-            m.d.comb += port.ready.eq((r_take | h_take) & (r_sel == q))
             base = Mux(is_ag, dst_row, src_row) if is_src else src_row
-            hbase = Mux(is_ag, dst_b, src_b) if is_src else src_b
             lim = Mux(is_ag, AG_LIMIT, n) if is_src else n
             beat_addr = port.addr[0:DIV_BITS + 1]
-            with m.If(r_sel == q):
-                m.d.comb += [self.hrd.payload.eq(hbase + beat_addr),
-                             h_mask.eq(lane_mask_b(beat_addr << lb, lim))]
             with m.If(r_take & (r_sel == q)):
+                m.d.comb += port.ready.eq(1)
                 m.d.sync += [r_busy.eq(1), r_j.eq(0), r_last.eq(q),
                              r_row.eq(base + (beat_addr << lr)),
                              r_word.eq(beat_addr << lb), r_lim.eq(lim)]
-            with m.If(h_take & (r_sel == q)):
-                m.d.sync += r_last.eq(q)
-        m.d.comb += [route.w_en.eq(r_take | h_take),
-                     route.w_data.eq(Cat(r_sel, Mux(hbm, h_mask, Const((1 << B) - 1, B))))]
+        m.d.comb += [route.w_en.eq(r_take), route.w_data.eq(r_sel)]
+
+        # with hbm: a prefetcher per read port. A request for the beat after the port's last
+        # one is a hit (its data are or will be in the port's FIFO); any other beat starts a
+        # new stream there, once every earlier request has been fetched: the beats fetched
+        # past the old stream's last request are dropped as they come out. Each prefetcher
+        # keeps up to `ahead` beats requested from HBM beyond its port's requests, never past
+        # the port's end of the message (own block for all-gather's sends, the input else).
+        RUN, PQ, AHEAD = self.run, self.pq, self.ahead
+        lpage = _log2(self.page_beats)
+        pf_want, pf_len, pf_top = [], [], []
+        pf_pop, pf_inq = [], []
+        h_route = SyncFIFO(width=2 + 9, depth=16)          # (port, beats) of runs in flight
+        m.submodules.h_route = h_route
+        hq_fifo = []
+        for q, port in enumerate(rports):
+            is_src = q % 2 == 0
+            pq = SyncFIFOBuffered(width=D, depth=PQ)
+            DW = PQ.bit_length()
+            pend = SyncFIFO(width=B + DW, depth=32)           # requests awaiting data: word mask,
+                                                              # and the beats to drop before it
+            m.submodules[f"pq{q}"], m.submodules[f"pend{q}"] = pq, pend
+            hq_fifo.append(pq)
+            nxt, top = Signal(32, name=f"pf{q}_next"), Signal(32, name=f"pf{q}_top")
+            live = Signal(name=f"pf{q}_live")
+            inq = Signal(range(PQ + 1), name=f"pf{q}_inq")      # fetched (or asked) and not popped
+            dcount = Signal(DW, name=f"pf{q}_dropped")          # dropped for the head request
+            hbase = Mux(is_ag, dst_b, src_b) if is_src else src_b
+            end = Signal(32, name=f"pf{q}_end")
+            m.d.comb += end.eq(Mux(is_ag, own_b + nb, src_b + nb) if is_src else src_b + nb)
+            lim = Mux(is_ag, AG_LIMIT, n) if is_src else n
+            beat_addr = port.addr[0:DIV_BITS + 1]
+            b = hbase + beat_addr
+            hit = live & (b == nxt)
+            accept = running & ~dead & hbm & port.en & pend.w_rdy & (hit | (top >= nxt))
+            with m.If(hbm):
+                m.d.comb += port.ready.eq(accept)
+            # a new stream drops the beats fetched past the old one's last request (top >= nxt)
+            m.d.comb += [pend.w_en.eq(accept),
+                         pend.w_data.eq(Cat(lane_mask_b(beat_addr << lb, lim),
+                                            Mux(hit, 0, top - nxt)[0:DW]))]
+            with m.If(start_pf):
+                m.d.sync += [live.eq(0), nxt.eq(0), top.eq(0)]
+            with m.Elif(accept):
+                m.d.sync += nxt.eq(b + 1)
+                with m.If(~hit):
+                    m.d.sync += [top.eq(b), live.eq(1)]
+            # the next run: up to RUN beats, within the page and the port's end
+            ln = Signal(9, name=f"pf{q}_len")
+            page_end = ((top >> lpage) + 1) << lpage
+            room_end = Mux(page_end < end, page_end, end)
+            m.d.comb += ln.eq(Mux(room_end - top < RUN, room_end - top, RUN))
+            # (not while a new stream is being accepted: its `top` is being moved)
+            want = (running & hbm & live & (top < end) & (top < nxt + AHEAD)
+                    & (inq + RUN <= PQ) & ~(accept & ~hit))
+            pf_want.append(want)
+            pf_len.append(ln)
+            pf_top.append(top)
+            # out of the FIFO, in order: for the oldest request, the beats to drop before it,
+            # then its beat; at the end, whatever was fetched and never asked for
+            dropping = pend.r_rdy & (dcount != pend.r_data[B:])
+            drop = dropping & pq.r_rdy
+            serve = pend.r_rdy & ~dropping & pq.r_rdy
+            flush = draining & pq.r_rdy
+            pop = drop | serve | flush
+            m.d.comb += [pq.r_en.eq(pop), pend.r_en.eq(serve)]
+            with m.If(hbm):
+                m.d.comb += [port.rvalid.eq(serve),
+                             port.data.eq(masked(pq.r_data, pend.r_data[0:B]))]
+            with m.If(drop):
+                m.d.sync += dcount.eq(dcount + 1)
+            with m.Elif(serve):
+                m.d.sync += dcount.eq(0)
+            pf_pop.append(pop)
+            pf_inq.append(inq)
+        # one run at a time to HbmBeats, round-robin over the prefetchers
+        h_last, h_sel = Signal(2), Signal(2)
+        want_v = Cat(*pf_want)
+        with m.Switch(h_last):
+            for last in range(4):
+                with m.Case(last):
+                    for q in reversed([(last + 1 + o) % 4 for o in range(4)]):
+                        with m.If(want_v[q]):
+                            m.d.comb += h_sel.eq(q)
+        h_go = Signal()
+        with m.If(running):
+            m.d.comb += self.hrd.valid.eq(want_v.any() & h_route.w_rdy)
+            for q in range(4):
+                with m.If(h_sel == q):
+                    m.d.comb += [self.hrd.payload.beat.eq(pf_top[q]), self.hrd.payload.len.eq(pf_len[q])]
+            m.d.comb += h_go.eq(self.hrd.valid & self.hrd.ready)
+        m.d.comb += [h_route.w_en.eq(h_go), h_route.w_data.eq(Cat(h_sel, self.hrd.payload.len))]
+        with m.If(h_go):
+            m.d.sync += h_last.eq(h_sel)
+        for q in range(4):
+            with m.If(h_go & (h_sel == q)):
+                m.d.sync += pf_top[q].eq(pf_top[q] + pf_len[q])
+            m.d.sync += pf_inq[q].eq(pf_inq[q] + Mux(h_go & (h_sel == q), pf_len[q], 0) - pf_pop[q])
+        # the beats of each run into its port's FIFO
+        h_j = Signal(9)
+        h_port, h_len = h_route.r_data[0:2], h_route.r_data[2:]
+        with m.If(~copying):
+            for q in range(4):
+                m.d.comb += [hq_fifo[q].w_en.eq(self.hr_valid & (h_port == q)),
+                             hq_fifo[q].w_data.eq(self.hr_data)]
+            with m.If(self.hr_valid):
+                with m.If(h_j == h_len - 1):
+                    m.d.comb += h_route.r_en.eq(1)
+                    m.d.sync += h_j.eq(0)
+                with m.Else():
+                    m.d.sync += h_j.eq(h_j + 1)
+        pf_idle = ~h_route.r_rdy & Cat(*[v == 0 for v in pf_inq]).all()
         word_now = r_word + (r_j << _log2(P))
         past = word_now >= r_lim
         # rows wholly past the input read a row that exists (src's first) and are masked to zero
@@ -245,12 +360,10 @@ class CollUnit(wiring.Component):
         with m.If(running & self.rd.rvalid):
             m.d.sync += acc.eq(beat)
             m.d.sync += a_j.eq(Mux(a_j == R - 1, 0, a_j + 1))
-        h_deliver = running & hbm & self.hr_valid
-        h_beat = masked(self.hr_data, route.r_data[2:])
-        m.d.comb += route.r_en.eq(deliver | h_deliver)
+        m.d.comb += route.r_en.eq(deliver)
         for q, port in enumerate(rports):
-            m.d.comb += [port.rvalid.eq((deliver | h_deliver) & (route.r_data[0:2] == q)),
-                         port.data.eq(Mux(hbm, h_beat, beat))]
+            with m.If(~hbm):
+                m.d.comb += [port.rvalid.eq(deliver & (route.r_data == q)), port.data.eq(beat)]
 
         # writes: one beat at a time, R row writes
         w_last, w_sel = Signal(), Signal()
@@ -292,7 +405,8 @@ class CollUnit(wiring.Component):
         # -- progress and the no-progress timeout -----------------------------------------------------
         wire = node.tx_beat_r | node.tx_beat_l | node.rx_beat_r | node.rx_beat_l
         grant = ((self.rd.req.valid & self.rd.req.ready) | (self.wr.req.valid & self.wr.req.ready)
-                 | (self.hrd.valid & self.hrd.ready) | (self.hwr.valid & self.hwr.ready))
+                 | (self.hrd.valid & self.hrd.ready) | (self.hwr.valid & self.hwr.ready)
+                 | self.hr_valid)
         m.d.comb += self.progress.eq(wire | grant | self.done)
         idle = Signal(range(self.timeout + 1))
 
@@ -358,16 +472,21 @@ class CollUnit(wiring.Component):
                     m.d.sync += k.eq(k + 1)
                     m.next = "COPY_RD"
             with m.State("HCOPY"):
-                # the own block from HBM to HBM: reads run ahead of the writes by at most
-                # the copy FIFO's depth; replies are never held back
-                m.d.comb += [self.hrd.valid.eq((kr < nb) & (kr - k < COPY_AHEAD)),
-                             self.hrd.payload.eq(src_b + kr),
+                # the own block from HBM to HBM: runs of reads at most COPY_AHEAD beats ahead
+                # of the writes (the copy FIFO's depth); replies are never held back
+                src_at = src_b + kr
+                c_end = ((src_at >> lpage) + 1) << lpage
+                c_lim = Mux(c_end - src_at < nb - kr, c_end - src_at, nb - kr)
+                c_len = Mux(c_lim < RUN, c_lim, RUN)
+                m.d.comb += [copying.eq(1),
+                             self.hrd.valid.eq((kr < nb) & (kr - k + c_len <= COPY_AHEAD)),
+                             self.hrd.payload.beat.eq(src_at), self.hrd.payload.len.eq(c_len),
                              cq.w_en.eq(self.hr_valid), cq.w_data.eq(self.hr_data),
                              self.hwr.valid.eq(cq.r_rdy), self.hwr.payload.beat.eq(own_b + k),
                              self.hwr.payload.data.eq(masked(cq.r_data, lane_mask_b(k << lb, n))),
                              cq.r_en.eq(self.hwr.ready)]
                 with m.If(self.hrd.valid & self.hrd.ready):
-                    m.d.sync += kr.eq(kr + 1)
+                    m.d.sync += kr.eq(kr + c_len)
                 with m.If(self.hwr.valid & self.hwr.ready):
                     m.d.sync += k.eq(k + 1)
                 with m.If(k == nb):
@@ -377,7 +496,7 @@ class CollUnit(wiring.Component):
                 with m.If(self.hw_idle):
                     m.next = "START"
             with m.State("START"):
-                m.d.comb += node.start.eq(1)
+                m.d.comb += [node.start.eq(1), start_pf.eq(1)]
                 m.d.sync += idle.eq(0)
                 m.next = "RUN"
             with m.State("RUN"):
@@ -385,7 +504,12 @@ class CollUnit(wiring.Component):
                 m.d.sync += idle.eq(Mux(self.progress, 0, idle + 1))
                 with m.If(node.link_error.any() | node.order_error | (idle == self.timeout)):
                     m.next = "FAIL"
-                with m.Elif(~node.busy & ~r_busy & ~w_busy & ~route.r_rdy & self.hw_idle):
+                with m.Elif(~node.busy & ~r_busy & ~w_busy & ~route.r_rdy):
+                    m.next = "DRAIN"
+            with m.State("DRAIN"):
+                # prefetched beats nobody asked for are dropped; every write answered
+                m.d.comb += draining.eq(1)
+                with m.If(pf_idle & self.hw_idle):
                     m.d.comb += self.done.eq(1)
                     m.next = "IDLE"
             with m.State("FAIL"):

@@ -2,53 +2,76 @@
 
 A stripe row is one beat of every channel (channel c holds bytes [c Hb, (c + 1) Hb) of the
 stripe, Hb = hbm.data_bits / 8). A link beat of D bits is k = D / hbm.data_bits channel
-beats, so a row holds C / k link beats, and absolute beat b is stripe row b // (C / k),
-channels (b % (C / k)) k .. + k - 1: word i of a message at row r is at byte 4i of the run of
-stripes from r, as LOAD.f32 and STORE.f32 place it.
+beats, so a row holds per = C / k link beats (a *group* of k channels each), and absolute
+beat b is stripe row b // per, group b % per: word i of a message at row r is at byte 4i of
+the run of stripes from r, as LOAD.f32 and STORE.f32 place it.
 
-Reads: each request (a beat number) becomes one single-beat AXI read on each of its k
-channels (queued per channel, so that ARVALID never waits for a peer channel); the channels'
-replies come back in order per channel, so the oldest request's pieces are always at the
-heads of its channels' reply FIFOs, and the beat is joined from there. Replies come out in
-request order and are not held back (``rvalid`` with ``rdata``): at most ``depth`` requests
-are open. Writes: each beat is k single-beat strobed writes, one per channel; ``w_idle`` once
-every write has its response. A response other than OKAY sets ``err`` (sticky).
+Reads come as *runs*: ``len`` consecutive beats from ``beat``. A run is one AXI burst on each
+channel of each group it touches (the group's beats are every per-th beat of the run, in
+consecutive rows), queued per channel so that ARVALID never waits for a peer channel. The
+channels answer in order, so the oldest run's next beat is always at the heads of its group's
+reply FIFOs, and beats are joined from there in run order (``rvalid`` with ``rdata``, never
+held back: the caller asks only for what it has room for). Writes come one beat at a time
+and are gathered into runs of consecutive beats (up to ``run`` beats; a run also ends when no
+beat arrives for a few cycles), each written as one AXI burst per channel touched. Runs never
+cross a 4 KiB page of a channel's buffer (AXI's rule; the buffers are page aligned).
+``w_idle`` once every write has its response; a response other than OKAY sets ``err``
+(sticky).
 """
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from hw.axi import Axi4ReadSignature, Axi4WriteSignature, Burst
 
-__all__ = ["HbmBeats", "BeatWrite"]
+__all__ = ["HbmBeats", "BeatWrite", "ReadRun", "page_beats"]
+
+PAGE = 4096
+FLUSH_IDLE = 4          # cycles without a written beat that close the open write run
 
 
 def BeatWrite(data_bits):
     return data.StructLayout({"beat": 32, "data": data_bits})
 
 
+ReadRun = data.StructLayout({"beat": 32, "len": 8})
+
+
+def page_beats(channels, hbm_bits, data_bits):
+    """Link beats in the stripe rows of one 4 KiB page of a channel's buffer."""
+    return (PAGE // (hbm_bits // 8)) * (channels // (data_bits // hbm_bits))
+
+
+def _log2(v):
+    assert v > 0 and v & (v - 1) == 0, v
+    return v.bit_length() - 1
+
+
 class HbmBeats(wiring.Component):
     """Members
     -------
-    rd : In(stream(32))  beat numbers to read; rvalid, rdata : Out  the beats, in order
-    wr : In(stream(BeatWrite))  beats to write; w_idle : Out(1)  no write open
+    rd : In(stream(ReadRun))  runs to read (1 <= len <= run, within one page);
+    rvalid, rdata : Out  the beats, in order
+    wr : In(stream(BeatWrite))  beats to write; w_idle : Out(1)  no write held or open
     axi_r_<c> : Out(Axi4ReadSignature); axi_w_<c> : Out(Axi4WriteSignature); ptr_<c> : In(64)
     err : Out(1)  sticky: a read or write answered with an error
     """
 
-    def __init__(self, *, channels, hbm_bits, data_bits, depth=32, queue=4):
+    def __init__(self, *, channels, hbm_bits, data_bits, run=16, runs=16, queue=8):
         if data_bits % hbm_bits or channels % (data_bits // hbm_bits):
             raise ValueError(f"a {data_bits}-bit beat must be whole {hbm_bits}-bit channel beats "
                              f"of one stripe row of {channels} channels")
         self.C, self.HB, self.D = channels, hbm_bits, data_bits
         self.k = data_bits // hbm_bits
         self.per = channels // self.k
-        if self.per & (self.per - 1):
-            raise ValueError(f"{self.per} beats per stripe row: a power of two is needed")
-        self.depth, self.queue = depth, queue
-        members = {"rd": In(stream.Signature(32)), "rvalid": Out(1), "rdata": Out(data_bits),
+        _log2(self.per)
+        self.run, self.runs, self.queue = run, runs, queue
+        # beats of a page: rows of a 4 KiB page of one channel, times the beats per row
+        self.page_beats = page_beats(channels, hbm_bits, data_bits)
+        assert run <= self.page_beats and run <= 256
+        members = {"rd": In(stream.Signature(ReadRun)), "rvalid": Out(1), "rdata": Out(data_bits),
                    "wr": In(stream.Signature(BeatWrite(data_bits))), "w_idle": Out(1),
                    "err": Out(1)}
         for c in range(channels):
@@ -57,89 +80,148 @@ class HbmBeats(wiring.Component):
             members[f"ptr_{c}"] = In(64)
         super().__init__(members)
 
+    def _split(self, m, b, n, name):
+        """Per group h: (row of its first beat, its beats) of the run [b, b + n)."""
+        per, lp = self.per, _log2(self.per)
+        g0 = b[0:lp] if lp else Const(0, 1)
+        out = []
+        for h in range(per):
+            i_h = Signal(range(per), name=f"{name}_i{h}")     # the run's first beat in group h
+            m.d.comb += i_h.eq((h - g0) & (per - 1)) if lp else i_h.eq(0)
+            cnt = Signal(9, name=f"{name}_n{h}")
+            m.d.comb += cnt.eq(Mux(i_h < n, (n - i_h + per - 1) >> lp, 0))
+            row = Signal(32, name=f"{name}_r{h}")
+            m.d.comb += row.eq((b + i_h) >> lp)
+            out.append((row, cnt))
+        return out
+
     def elaborate(self, platform):
         m = Module()
         C, k, per, HB = self.C, self.k, self.per, self.HB
-        lp = per.bit_length() - 1
+        lp = _log2(per)
         bshift = (HB // 8 - 1).bit_length()
-        gbits = max(1, lp)
+        Q = self.queue
 
-        def group(b):
-            return b[0:lp] if lp else Const(0, 1)
+        def chans(h):
+            return range(h * k, h * k + k)
 
         # -- reads -------------------------------------------------------------------------
-        order = SyncFIFO(width=gbits, depth=self.depth)
+        order = SyncFIFO(width=max(1, lp) + 9, depth=self.runs)
         m.submodules.order = order
-        arq = [SyncFIFOBuffered(width=24, depth=self.queue) for _ in range(C)]
-        rq = [SyncFIFOBuffered(width=HB, depth=self.queue) for _ in range(C)]
+        arq = [SyncFIFOBuffered(width=24 + 9, depth=Q) for _ in range(C)]
+        rq = [SyncFIFOBuffered(width=HB, depth=Q) for _ in range(C)]
         for c in range(C):
             m.submodules[f"arq{c}"] = arq[c]
             m.submodules[f"rq{c}"] = rq[c]
-        g_in = group(self.rd.payload)
-        row_in = self.rd.payload >> lp
+        rb, rn = self.rd.payload.beat, self.rd.payload.len
+        parts = self._split(m, rb, rn, "rd")
         room = Signal()
-        m.d.comb += room.eq(order.w_rdy)
-        for g in range(per):
-            with m.If(g_in == g):
-                m.d.comb += room.eq(order.w_rdy & Cat(*[arq[g * k + i].w_rdy for i in range(k)]).all())
+        m.d.comb += room.eq(order.w_rdy & Cat(*[q.w_rdy for q in arq]).all())
         take = self.rd.valid & room
-        m.d.comb += [self.rd.ready.eq(room), order.w_en.eq(take), order.w_data.eq(g_in)]
-        for c in range(C):
-            axi = getattr(self, f"axi_r_{c}")
-            m.d.comb += [arq[c].w_en.eq(take & (g_in == c // k)), arq[c].w_data.eq(row_in),
-                         axi.arid.eq(0), axi.arlen.eq(0), axi.arsize.eq(bshift),
-                         axi.arburst.eq(Burst.INCR),
-                         axi.araddr.eq(getattr(self, f"ptr_{c}") + (arq[c].r_data << bshift)),
-                         axi.arvalid.eq(arq[c].r_rdy), arq[c].r_en.eq(axi.arready),
-                         rq[c].w_en.eq(axi.rvalid), rq[c].w_data.eq(axi.rdata),
-                         axi.rready.eq(rq[c].w_rdy)]
-            with m.If(axi.rvalid & axi.rready & (axi.rresp != 0)):
-                m.d.sync += self.err.eq(1)
-        head = order.r_data
-        for g in range(per):
-            pieces = [rq[g * k + i] for i in range(k)]
-            with m.If(order.r_rdy & (head == g)):
+        g0 = rb[0:lp] if lp else Const(0, 1)
+        m.d.comb += [self.rd.ready.eq(room), order.w_en.eq(take), order.w_data.eq(Cat(g0, rn))]
+        for h, (row, cnt) in enumerate(parts):
+            for c in chans(h):
+                axi = getattr(self, f"axi_r_{c}")
+                m.d.comb += [arq[c].w_en.eq(take & (cnt != 0)),
+                             arq[c].w_data.eq(Cat(row[0:24], (cnt - 1)[0:8])),
+                             axi.arid.eq(0), axi.arlen.eq(arq[c].r_data[24:32]), axi.arsize.eq(bshift),
+                             axi.arburst.eq(Burst.INCR),
+                             axi.araddr.eq(getattr(self, f"ptr_{c}") + (arq[c].r_data[0:24] << bshift)),
+                             axi.arvalid.eq(arq[c].r_rdy), arq[c].r_en.eq(axi.arready),
+                             rq[c].w_en.eq(axi.rvalid), rq[c].w_data.eq(axi.rdata),
+                             axi.rready.eq(rq[c].w_rdy)]
+                with m.If(axi.rvalid & axi.rready & (axi.rresp != 0)):
+                    m.d.sync += self.err.eq(1)
+        # join: beat i of the head run comes from group (g0 + i) % per
+        i = Signal(9)
+        hg0 = order.r_data[0:max(1, lp)]
+        hlen = order.r_data[max(1, lp):]
+        grp = (hg0 + i)[0:lp] if lp else Const(0, 1)
+        for h in range(per):
+            pieces = [rq[c] for c in chans(h)]
+            with m.If(order.r_rdy & (grp == h)):
                 joined = Cat(*[p.r_rdy for p in pieces]).all()
-                m.d.comb += [self.rvalid.eq(joined), self.rdata.eq(Cat(*[p.r_data for p in pieces])),
-                             order.r_en.eq(joined)]
+                m.d.comb += [self.rvalid.eq(joined), self.rdata.eq(Cat(*[p.r_data for p in pieces]))]
                 m.d.comb += [p.r_en.eq(joined) for p in pieces]
+        with m.If(self.rvalid):
+            with m.If(i == hlen - 1):
+                m.d.comb += order.r_en.eq(1)
+                m.d.sync += i.eq(0)
+            with m.Else():
+                m.d.sync += i.eq(i + 1)
 
-        # -- writes ------------------------------------------------------------------------
-        wq = [SyncFIFOBuffered(width=24 + HB, depth=self.queue) for _ in range(C)]
+        # -- writes: beats gathered into runs -------------------------------------------------
+        wq = [SyncFIFOBuffered(width=HB, depth=2 * Q) for _ in range(C)]
+        awq = [SyncFIFOBuffered(width=24 + 9, depth=Q) for _ in range(C)]
         for c in range(C):
             m.submodules[f"wq{c}"] = wq[c]
-        g_w = group(self.wr.payload.beat)
-        row_w = self.wr.payload.beat >> lp
+            m.submodules[f"awq{c}"] = awq[c]
+        wb = self.wr.payload.beat
+        r_start, r_len, idle = Signal(32), Signal(9), Signal(range(FLUSH_IDLE + 1))
+        lpage = _log2(self.page_beats)
+        joins = ((r_len != 0) & (wb == r_start + r_len) & (r_len < self.run) & (idle != FLUSH_IDLE)
+                 & ((wb >> lpage) == (r_start >> lpage)))
+        close = Signal()         # the open run goes to the AW queues this cycle
+        m.d.comb += close.eq((r_len != 0) & ((self.wr.valid & ~joins) | (idle == FLUSH_IDLE)))
+        wparts = self._split(m, r_start, r_len, "wr")
+        aw_room = Cat(*[q.w_rdy for q in awq]).all()
+        g_w = wb[0:lp] if lp else Const(0, 1)
         w_room = Signal()
-        for g in range(per):
-            with m.If(g_w == g):
-                m.d.comb += w_room.eq(Cat(*[wq[g * k + i].w_rdy for i in range(k)]).all())
-        w_take = self.wr.valid & w_room
-        m.d.comb += self.wr.ready.eq(w_room)
-        pending = Signal(range(C * (self.queue + 64) + 1))     # writes queued or open
-        resp = []
+        for h in range(per):
+            with m.If(g_w == h):
+                m.d.comb += w_room.eq(Cat(*[wq[c].w_rdy for c in chans(h)]).all())
+        # a beat that starts a new run waits until the open one can close
+        w_take = self.wr.valid & w_room & (joins | (r_len == 0) | aw_room)
+        m.d.comb += self.wr.ready.eq(w_take)
+        do_close = close & aw_room
+        for h, (row, cnt) in enumerate(wparts):
+            for c in chans(h):
+                m.d.comb += [awq[c].w_en.eq(do_close & (cnt != 0)),
+                             awq[c].w_data.eq(Cat(row[0:24], (cnt - 1)[0:8]))]
+        for c in range(C):
+            piece = self.wr.payload.data[HB * (c % k):HB * (c % k + 1)]
+            m.d.comb += [wq[c].w_en.eq(w_take & (g_w == c // k)), wq[c].w_data.eq(piece)]
+        with m.If(w_take):
+            m.d.sync += idle.eq(0)
+            with m.If(joins):
+                m.d.sync += r_len.eq(r_len + 1)
+            with m.Else():
+                m.d.sync += [r_start.eq(wb), r_len.eq(1)]
+        with m.Elif(do_close):
+            m.d.sync += [r_len.eq(0), idle.eq(0)]
+        with m.Elif((r_len != 0) & (idle != FLUSH_IDLE)):
+            m.d.sync += idle.eq(idle + 1)
+        # per channel: the head burst's AW, then its W beats (WLAST on the last)
+        opened = Signal(range(C * 256 + 1))       # bursts whose AW went and whose B did not
+        aws, bs = [], []
         for c in range(C):
             axi = getattr(self, f"axi_w_{c}")
-            piece = self.wr.payload.data[HB * (c % k):HB * (c % k + 1)]
-            m.d.comb += [wq[c].w_en.eq(w_take & (g_w == c // k)), wq[c].w_data.eq(Cat(row_w[0:24], piece))]
-            aw_done, w_done = Signal(name=f"aw_done{c}"), Signal(name=f"w_done{c}")
-            hrow, hdata = wq[c].r_data[0:24], wq[c].r_data[24:]
-            m.d.comb += [axi.awid.eq(0), axi.awlen.eq(0), axi.awsize.eq(bshift),
+            aw_done, wn = Signal(name=f"aw_done{c}"), Signal(9, name=f"wn{c}")
+            hrow, hlast = awq[c].r_data[0:24], awq[c].r_data[24:32]
+            m.d.comb += [axi.awid.eq(0), axi.awlen.eq(hlast), axi.awsize.eq(bshift),
                          axi.awburst.eq(Burst.INCR),
                          axi.awaddr.eq(getattr(self, f"ptr_{c}") + (hrow << bshift)),
-                         axi.awvalid.eq(wq[c].r_rdy & ~aw_done),
-                         axi.wdata.eq(hdata), axi.wstrb.eq((1 << (HB // 8)) - 1), axi.wlast.eq(1),
-                         axi.wvalid.eq(wq[c].r_rdy & ~w_done), axi.bready.eq(1)]
-            aw_ok = aw_done | (axi.awvalid & axi.awready)
-            w_ok = w_done | (axi.wvalid & axi.wready)
-            with m.If(wq[c].r_rdy & aw_ok & w_ok):
-                m.d.comb += wq[c].r_en.eq(1)
-                m.d.sync += [aw_done.eq(0), w_done.eq(0)]
-            with m.Elif(wq[c].r_rdy):
-                m.d.sync += [aw_done.eq(aw_ok), w_done.eq(w_ok)]
+                         axi.awvalid.eq(awq[c].r_rdy & ~aw_done),
+                         axi.wdata.eq(wq[c].r_data), axi.wstrb.eq((1 << (HB // 8)) - 1),
+                         axi.wlast.eq(wn == hlast),
+                         axi.wvalid.eq(awq[c].r_rdy & wq[c].r_rdy & (wn <= hlast)),
+                         wq[c].r_en.eq(axi.wvalid & axi.wready), axi.bready.eq(1)]
+            aw_now = axi.awvalid & axi.awready
+            w_end = axi.wvalid & axi.wready & axi.wlast
+            with m.If((aw_done | aw_now) & (w_end | (wn > hlast))):
+                m.d.comb += awq[c].r_en.eq(1)
+                m.d.sync += [aw_done.eq(0), wn.eq(0)]
+            with m.Else():
+                with m.If(aw_now):
+                    m.d.sync += aw_done.eq(1)
+                with m.If(axi.wvalid & axi.wready):
+                    m.d.sync += wn.eq(wn + 1)
             with m.If(axi.bvalid & (axi.bresp != 0)):
                 m.d.sync += self.err.eq(1)
-            resp.append(axi.bvalid)
-        m.d.sync += pending.eq(pending + (w_take * k) - sum(resp))
-        m.d.comb += self.w_idle.eq(pending == 0)
+            aws.append(aw_now)
+            bs.append(axi.bvalid)
+        m.d.sync += opened.eq(opened + sum(aws) - sum(bs))
+        held = Cat(*[q.r_rdy for q in wq + awq]).any()
+        m.d.comb += self.w_idle.eq((r_len == 0) & ~held & (opened == 0) & ~self.wr.valid)
         return m

@@ -186,15 +186,33 @@ def cmd_collective(args):
         if not 0.0 <= v <= 1.0:
             raise UserError(f"--{name}: got {v}; allowed: a probability in [0, 1]")
     dead = 1.0 if args.drop >= 1.0 else None
+    if args.through_card:
+        from sim.system import run_card_collective
+        if args.dtype != "fp32":
+            raise UserError(f"--dtype: got {args.dtype}; allowed with --through-card: fp32 (the card's "
+                            f"COLL reduces fp32 words; fp16 runs on the bare nodes)")
+        if args.elements >= 1 << 24:
+            raise UserError(f"--elements: got {args.elements}; allowed with --through-card: at most "
+                            f"{(1 << 24) - 1} (the COLL's n field)")
+        if not cfg.ring_links:
+            raise UserError(f"--through-card: config {cfg.name!r} has cards: 1, so its card kernel has "
+                            f"no ring links; use a config with cards >= 2")
     try:
-        fig, inputs, outputs, _ = run_collective(
-            cfg, args.op, args.elements, cards=cards, dtype=args.dtype, bidirectional=args.bidirectional,
-            ber=args.ber, drop=0.0 if dead else args.drop, dead_link=0 if dead else None, seed=args.seed)
+        if args.through_card:
+            fig, inputs, outputs, _ = run_card_collective(
+                cfg, args.op, args.elements, cards=cards, bidirectional=args.bidirectional,
+                ber=args.ber, drop=0.0 if dead else args.drop, dead_link=0 if dead else None,
+                seed=args.seed)
+        else:
+            fig, inputs, outputs, _ = run_collective(
+                cfg, args.op, args.elements, cards=cards, dtype=args.dtype,
+                bidirectional=args.bidirectional, ber=args.ber, drop=0.0 if dead else args.drop,
+                dead_link=0 if dead else None, seed=args.seed)
     except LinkDead as e:
         fig = e.figures
         if args.json:
             print(json.dumps(fig))
-        print(f"gptfpga: error: collective {args.op} on {cards} cards: {e} (link status: dead, "
+        print(f"gptfpga: error: collective {args.op} on {cards} cards: {e} ("
               f"{fig['retransmissions']} retransmissions)", file=sys.stderr)
         return 1
     if args.save:
@@ -393,6 +411,9 @@ def build_parser():
     co.add_argument("--seed", type=int, default=0)
     co.add_argument("--json", action="store_true")
     co.add_argument("--save", help="write inputs and outputs to this .npz")
+    co.add_argument("--through-card", action="store_true",
+                    help="run it through the card kernels (a COLL on HBM on each Verilated card) "
+                         "instead of the bare collective nodes")
     co.set_defaults(func=cmd_collective)
 
     r = sub.add_parser("run", help="generate text with a GPT-2 on the simulated (or real) appliance")

@@ -286,3 +286,78 @@ class RtlDevice(Device):
         """Clock until ap_done (interrupt); DeviceTimeout after ``timeout_s`` of wall time."""
         self._app._clock_until(1 << self.index, timeout_s, "the card", chunk)
         return self.finish()
+
+
+def run_card_collective(cfg, op, elements, *, cards, bidirectional=False, ber=0.0, drop=0.0,
+                        dead_link=None, seed=0, lib=None, timeout_s=900.0):
+    """One collective through the card kernels: a COLL on HBM (src and dst stripe rows) on each
+    of ``cards`` Verilated cards of ``cfg``, on random fp32 inputs; the same figures, inputs,
+    outputs and reference as sim.fabric.run_collective. Raises sim.fabric.LinkDead (figures
+    attached) when the cards end with RING_ERROR (a link whose retries ran out)."""
+    from hw.isa import ERROR_CODES, encode
+
+    from .fabric import BUS_FACTOR, OPS, LinkDead
+    from .progs import Layout, read_stripes, write_stripes
+    from .ref import collective as ref
+    run_cfg = cfg.replace(topology="bidirectional_ring" if bidirectional else "ring")
+    if lib is None:
+        lib, _, _ = build_card(cfg)
+    app = RtlAppliance(run_cfg, cards, lib=lib, seed=seed)
+    N, n, S = cards, elements, cfg.stripe_bytes
+    W = cfg.link.data_bits // 32
+    nb = -(-n // W)
+    rng = np.random.default_rng(seed)
+    vals = (rng.standard_normal((N, n)) * np.exp(rng.uniform(-2, 2, (N, n)))).astype(np.float32)
+    inputs = vals.view(np.uint32)
+    out_words = N * nb * W if op == "allgather" else nb * W
+    src = Layout(cfg).dump_row + 4096                 # clear of the program and the test areas
+    dst = src + -(-4 * n // S) + 16
+    for i, dev in enumerate(app.devices):
+        write_stripes(dev, cfg, src, inputs[i])
+    for d in (+1, -1):
+        for i in range(N):
+            if ber or drop:
+                app.set_link(i, d, ber=ber, drop=drop)
+    if dead_link is not None:
+        app.set_link(dead_link, +1, drop=1.0)
+    prog = [encode("COLL", cop=OPS[op], src=src, dst=dst, n=n, hbm=1), encode("HALT")]
+    t0 = time.monotonic()
+    status = app.run([prog] * N, Layout(cfg).prog_addr, timeout_s=timeout_s)
+    wall = time.monotonic() - t0
+    counters = [dev.counters() for dev in app.devices]
+    size = (N if op == "allgather" else 1) * n * 4
+    fig = {"op": op, "cards": N, "elements": n, "dtype": "fp32", "bidirectional": bidirectional,
+           "ber": ber, "drop": drop, "seed": seed, "through": "card kernels (COLL on HBM)",
+           "cycles": int(max(c["cycles"] for c in counters)), "bytes": size,
+           "retransmissions": sum(int(c["link_retx"]) for c in counters),
+           "crc_errors": sum(int(c["link_crc_errors"]) for c in counters),
+           "sim_seconds": round(wall, 3)}
+    if any(st & 0xFF for st in status):
+        fig["ok"] = False
+        codes = {v: k for k, v in ERROR_CODES.items()}
+        fig["error"] = ("a link is dead or a peer never arrived: the cards ended with "
+                        + ", ".join(f"{codes.get(st & 0xFF, st & 0xFF)} at pc {st >> 8}" for st in status))
+        app.close()
+        err = LinkDead(fig["error"])
+        err.figures = fig
+        raise err
+    outputs = []
+    for i, dev in enumerate(app.devices):
+        raw = read_stripes(dev, cfg, dst, -(-4 * out_words // S)).view(np.uint32)[:out_words]
+        if op == "reducescatter":
+            raw = np.concatenate([raw[(p0 + s0) * W:(p0 + s0 + sb) * W]
+                                  for p0, pb, _d in ref.halves(nb, bidirectional)
+                                  for j, (s0, sb) in enumerate(ref.segments(pb, N)) if j == i]
+                                 or [np.zeros(0, np.uint32)])
+        outputs.append(raw)
+    app.close()
+    expect = ref.reference(op, inputs, W, bidirectional=bidirectional)
+    ok = all(np.array_equal(o, e) for o, e in zip(outputs, expect, strict=True))
+    peak = cfg.link_bytes_per_cycle * (2 if bidirectional else 1)
+    algbw = size / max(fig["cycles"], 1)
+    busbw = algbw * BUS_FACTOR(op, N)
+    fig.update({"ok": bool(ok), "algbw_bytes_per_cycle": round(algbw, 3),
+                "busbw_bytes_per_cycle": round(busbw, 3),
+                "busbw_fraction_of_link_peak": round(busbw / peak, 4),
+                "link_peak_bytes_per_cycle": peak})
+    return fig, inputs, outputs, expect

@@ -263,3 +263,39 @@ def test_coll_on_hbm_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed
     got = read_stripes(iss.devices[0], cfg, 5000, 625).view(np.uint32)[:20000]
     want = ref.reference("allreduce", np.stack(inputs), B, bidirectional=bidirectional)[0][:20000]
     assert np.array_equal(got, want.view(np.uint32))
+
+
+def test_collective_cli_through_the_card(card_lib, tmp_path):
+    """`gptfpga collective --through-card`: the collective as COLLs on HBM on the Verilated
+    card kernels, checked against numpy, through a lossy link too; a dead link is one line and
+    exit code 1; fp16 (the bare nodes' option) is refused in one line."""
+    import json
+    import subprocess
+    import sys
+    cfg_path = str(ROOT / "configs" / "tiny.yaml")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "host.cli", "collective", "--config", cfg_path,
+                               "--through-card", *args], capture_output=True, text=True, cwd=ROOT)
+
+    save = tmp_path / "ag.npz"
+    proc = cli("--op", "allgather", "--elements", "70000", "--cards", "2", "--drop", "0.02",
+               "--seed", "2", "--json", "--save", str(save))
+    assert proc.returncode == 0, proc.stderr
+    fig = json.loads(proc.stdout)
+    assert fig["ok"] and fig["retransmissions"] > 0
+    z = np.load(save)
+    x = z["inputs"]
+    nb16 = -(-70000 // 16) * 16
+    for i in range(2):
+        for j in range(2):
+            blk = z["outputs"][i, j * nb16:j * nb16 + 70000]
+            assert np.array_equal(blk.view(np.uint32), x[j].view(np.uint32)), (i, j)
+    proc = cli("--op", "reducescatter", "--elements", "5000", "--cards", "3", "--bidirectional", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ok"]
+    dead = cli("--op", "allreduce", "--elements", "1000", "--drop", "1.0")
+    assert dead.returncode == 1
+    assert len(dead.stderr.strip().splitlines()) == 1 and "RING_ERROR" in dead.stderr
+    fp16 = cli("--op", "allreduce", "--elements", "10", "--dtype", "fp16")
+    assert fp16.returncode == 2 and "--dtype: got fp16" in fp16.stderr

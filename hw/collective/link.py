@@ -300,9 +300,14 @@ class LinkRx(wiring.Component):
         drop = Signal()                   # this frame is discarded (no room)
         par = Signal()                    # parity of the frame coming in
         chk = Signal(data.StructLayout({"v": 1, "t": Trailer, "k": 9, "drop": 1, "par": 1}))
-        # The frame coming in is taken as `expected`, or as `expected + 1` while the frame before
-        # it is still being checked (if that one fails, this one will not match either).
-        wr_seq = expected + chk.v
+        # The frame coming in is taken as `expected`, or as `expected + 1` when the frame before
+        # it is being accepted in this very cycle (its check runs the cycle after its trailer,
+        # while the next frame's first beat may already come in). A frame that is checked and
+        # not accepted (a duplicate, a gap, a bad CRC) leaves the next one at `expected`: were
+        # its first beat written to `expected + 1`, a retransmitted `expected` would be
+        # delivered with the first beat of whatever frame last filled its slot.
+        accept_now = Signal()
+        wr_seq = expected + accept_now
         slot_in = wr_seq[0:rbits] if rbits else Const(0, 1)
         slot_chk = expected[0:rbits] if rbits else Const(0, 1)
         has_room = ((wr_seq - delivered)[0:SEQ_BITS] < R)
@@ -340,7 +345,8 @@ class LinkRx(wiring.Component):
             with m.If(~crc_ok):
                 m.d.comb += self.crc_error.eq(1)
             with m.If(good & (held.seq == expected) & ~chk.drop):
-                m.d.comb += [mw.en.eq(1), mw.addr.eq(slot_chk), mw.data.eq(Cat(held.len, held.tag))]
+                m.d.comb += [accept_now.eq(1),
+                             mw.en.eq(1), mw.addr.eq(slot_chk), mw.data.eq(Cat(held.len, held.tag))]
                 m.d.sync += [expected.eq(expected + 1), want_ack.eq(1)]
             with m.Elif(good & _behind(held.seq, expected)):
                 m.d.sync += want_ack.eq(1)          # a duplicate: tell the sender where we are

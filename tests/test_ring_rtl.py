@@ -299,3 +299,19 @@ def test_collective_cli_through_the_card(card_lib, tmp_path):
     assert len(dead.stderr.strip().splitlines()) == 1 and "RING_ERROR" in dead.stderr
     fp16 = cli("--op", "allreduce", "--elements", "10", "--dtype", "fp16")
     assert fp16.returncode == 2 and "--dtype: got fp16" in fp16.stderr
+
+
+def test_card_collective_bench(card_lib):
+    """`gptfpga bench collective`'s card table on a small grid: results checked against the
+    reference inside, figures consistent, and HBM ahead of the VSP's one port at equal size."""
+    from sim.bench import bench_card_collective, collective_table
+    rows = bench_card_collective(load_config(ROOT / "configs" / "tiny.yaml"), cards=(2,),
+                                 sizes={"vsp": (16384,), "hbm": (16384, 262144)}, log=lambda *a: None)
+    assert [(r["from"], r["size"], r["cards"]) for r in rows] == \
+        [("vsp", 16384, 2), ("hbm", 16384, 2), ("hbm", 262144, 2)]
+    for r in rows:
+        assert 0 < r["busbw_fraction_of_link_peak"] <= 1, r
+        assert r["busbw_bytes_per_cycle"] == pytest.approx(r["size"] / r["cycles"], rel=2e-3)
+    assert rows[2]["busbw_fraction_of_link_peak"] > 2 * rows[0]["busbw_fraction_of_link_peak"]
+    table = collective_table({"runs": [], "small_message": [], "card": rows})
+    assert "| 256 KiB from the HBM, 2 cards |" in table

@@ -116,7 +116,8 @@ FORMATS = (
         F("n", 24, "fp32 words of each card's input (>= 1)"),
         F("hbm", 1, "input and result are in HBM (stripe rows) instead of the VSP"),
     ), "A ring collective over every card of the appliance, all of which execute the same COLL "
-       "(the same cop, n and hbm) as their k-th COLL. Words are grouped in beats of B = "
+       "(the same cop and n; where its data live, hbm, is each card's own) as their k-th "
+       "COLL. Words are grouped in beats of B = "
        "link.data_bits / 32 (the input zero-padded to nb = ceil(n / B) beats) and the "
        "reductions are fp32 in the order of docs/collectives.md (sim/ref/collective.py), over "
        "the config's ring (one direction, or both for a bidirectional ring). All-gather: "

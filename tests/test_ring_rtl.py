@@ -315,3 +315,32 @@ def test_card_collective_bench(card_lib):
     assert rows[2]["busbw_fraction_of_link_peak"] > 2 * rows[0]["busbw_fraction_of_link_peak"]
     table = collective_table({"runs": [], "small_message": [], "card": rows})
     assert "| 256 KiB from the HBM, 2 cards |" in table
+
+
+def test_coll_with_data_on_the_vsp_of_one_card_and_in_hbm_of_another(tiny, card_lib):
+    """Where a card keeps its part of a COLL (VSP or HBM) is its own business: the ring sees the
+    same frames. Card 0 all-reduces from its VSP, card 1 from HBM rows, as on the ISS ring."""
+    from sim.system import RtlAppliance
+    lay = Layout(tiny)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 300)).astype(np.float32)
+    store = encode("STORE", vsp=1024, n=304, row=lay.out_rows[0],
+                   lepg=(tiny.stripe_bytes // 4).bit_length() - 1, lgpr=0, gstride=0, rstride=1, f32=1)
+    progs = [[encode("LOAD", vsp=0, n=300, row=lay.data_rows[0], f32=1),
+              encode("COLL", cop=2, src=0, dst=1024, n=300), store, encode("HALT")],
+             [encode("COLL", cop=2, src=4096, dst=4200, n=300, hbm=1), encode("HALT")]]
+    iss, rtl = IssRing(tiny, 2), RtlAppliance(tiny, 2, lib=card_lib)
+    for ring in (iss, rtl):
+        write_stripes(ring.devices[0], tiny, lay.data_rows[0], x[0])
+        write_stripes(ring.devices[1], tiny, 4096, x[1])
+    want = iss.run(progs, lay.prog_addr)
+    assert want == [3 << 8, 1 << 8]
+    assert rtl.run(progs, lay.prog_addr, timeout_s=300) == want
+    for ring in (iss, rtl):
+        a = read_stripes(ring.devices[0], tiny, lay.out_rows[0], 10).view(np.uint32)[:304]
+        b = read_stripes(ring.devices[1], tiny, 4200, 10).view(np.uint32)[:304]
+        assert np.array_equal(a, b)
+    for k in (lay.out_rows[0], 4200):
+        dev = 0 if k == lay.out_rows[0] else 1
+        assert np.array_equal(read_stripes(iss.devices[dev], tiny, k, 10),
+                              read_stripes(rtl.devices[dev], tiny, k, 10))

@@ -1,7 +1,8 @@
 """N cards' ISSs joined in a ring: COLL instructions executed across all of them.
 
 Each card runs its own program (sim/ref/iss.py) until its next COLL; when every card has
-reached one, and they agree (same cop and n), the collective runs on their scratchpads with
+reached one, and they agree (same cop and n), the collective runs on their scratchpads (or,
+for a COLL with hbm, on that card's HBM rows: each card's own choice) with
 the arithmetic and reduction order of sim/ref/collective.py, and every card goes on. A card
 that ends (HALT or an error) while others wait, or peers that disagree, end the waiting cards
 with RING_ERROR. The byte counters count the link traffic the ring schedule sends.
@@ -53,7 +54,7 @@ class IssRing:
         while any(w is not None for w in waiting):
             live = [w for w in waiting if w is not None]
             agree = (len(live) == self.N and
-                     len({(w.fields["cop"], w.fields["n"], w.fields["hbm"]) for w in live}) == 1)
+                     len({(w.fields["cop"], w.fields["n"]) for w in live}) == 1)
             if not agree:
                 for i in range(self.N):
                     if waiting[i] is not None:
@@ -79,14 +80,13 @@ class IssRing:
         nb = -(-n // B)
         out_words = N * nb * B if op == "allgather" else nb * B
         P = self.cfg.core.vector_lanes
-        hbm = bool(f0["hbm"])
         iss0 = self.devices[0].iss
         S = iss0.S
         rows_in, rows_out = -(-4 * n // S), -(-4 * out_words // S)
         for i, insn in enumerate(insns):
             src, dst = insn.fields["src"], insn.fields["dst"]
             vsp = self.devices[i].iss.vsp
-            if hbm:
+            if insn.fields["hbm"]:
                 if src + rows_in > iss0.rows or dst + rows_out > iss0.rows:
                     errors[i] = IssError("HBM_RANGE")
                 elif src != dst and src < dst + rows_out and dst < src + rows_in:
@@ -100,12 +100,12 @@ class IssRing:
         if any(errors):
             return [e or IssError("RING_ERROR") for e in errors]
 
-        def read(iss, src):
+        def read(iss, src, hbm):
             if hbm:
                 return iss.read_stripes(src, rows_in)[:4 * n].view(np.uint32)
             return iss.vsp[src:src + n]
 
-        def write(iss, dst, w0, words):
+        def write(iss, dst, hbm, w0, words):
             """out[w0 : w0 + len(words)] = words"""
             if hbm:
                 off = 4 * (dst * S // 4 + w0) + np.arange(4 * len(words))
@@ -113,20 +113,20 @@ class IssRing:
             else:
                 iss.vsp[dst + w0:dst + w0 + len(words)] = words
 
-        inputs = np.stack([read(d.iss, insn.fields["src"])
+        inputs = np.stack([read(d.iss, insn.fields["src"], insn.fields["hbm"])
                            for d, insn in zip(self.devices, insns, strict=True)])
         outs = ref.reference(op, inputs, B, bidirectional=self.bidirectional)
         parts = ref.halves(nb, self.bidirectional)
         for i, (dev, insn) in enumerate(zip(self.devices, insns, strict=True)):
-            dst = insn.fields["dst"]
+            dst, hbm = insn.fields["dst"], insn.fields["hbm"]
             if op == "reducescatter":
                 k = 0
                 for p0, pb, _d in parts:
                     s0, sb = ref.segments(pb, N)[i]
-                    write(dev.iss, dst, (p0 + s0) * B, outs[i][k:k + sb * B])
+                    write(dev.iss, dst, hbm, (p0 + s0) * B, outs[i][k:k + sb * B])
                     k += sb * B
             else:
-                write(dev.iss, dst, 0, outs[i])
+                write(dev.iss, dst, hbm, 0, outs[i])
             dev.iss.counters["link_tx_bytes"] += self._sent_beats(op, i, nb) * B * 4
             # received: the right-hand ring's part from card i - 1, the left-hand's from i + 1
             rx = sum(self._sent_beats(op, (i - d) % N, nb, only=d) for d in (+1, -1))

@@ -20,7 +20,7 @@ from .ref import collective as ref
 from .toolchain import verilator_env, verilator_root
 
 __all__ = ["NodeParams", "node_params", "build_fabric", "Fabric", "run_collective", "OPS",
-           "LinkDead", "BUS_FACTOR"]
+           "LinkDead", "BUS_FACTOR", "bandwidth"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "cpp" / "fabric_sim.cpp"
@@ -32,6 +32,16 @@ OPS = {"allgather": 0, "reducescatter": 1, "allreduce": 2}
 
 class LinkDead(RuntimeError):
     """A link's retries ran out: the collective stopped with an error."""
+
+
+def bandwidth(cfg, op, N, size, cycles, bidirectional):
+    """nccl-tests' algbw and busbw of a collective of ``size`` bytes in ``cycles`` on N cards,
+    and busbw as a fraction of the ring's link peak."""
+    peak = cfg.link_bytes_per_cycle * (2 if bidirectional else 1)
+    algbw = size / max(cycles, 1)
+    busbw = algbw * BUS_FACTOR(op, N)
+    return {"algbw_bytes_per_cycle": round(algbw, 3), "busbw_bytes_per_cycle": round(busbw, 3),
+            "busbw_fraction_of_link_peak": round(busbw / peak, 4), "link_peak_bytes_per_cycle": peak}
 
 
 def BUS_FACTOR(op, n):
@@ -234,20 +244,11 @@ def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional
     for i in range(N):
         raw = fab.mem(i, src_beats * beat_bytes, nbytes=dst_beats * beat_bytes).view(np.uint32)
         if op == "reducescatter":
-            raw = np.concatenate([raw[(p0 + s0) * W:(p0 + s0 + sb) * W]
-                                  for p0, pb, _d in ref.halves(nb, bidirectional)
-                                  for j, (s0, sb) in enumerate(ref.segments(pb, N)) if j == i]
-                                 or [np.zeros(0, np.uint32)])
+            raw = ref.own_segments(raw, i, N, nb, W, bidirectional)
         outputs.append(raw)
     expect = ref.reference(op, inputs, W, dtype=dtype, bidirectional=bidirectional)
     ok = all(np.array_equal(o, e) for o, e in zip(outputs, expect, strict=True))
     ok = ok and not any(s["order_error"] for s in stats)
-    peak = cfg.link_bytes_per_cycle * (2 if bidirectional else 1)
-    algbw = size / max(cycles, 1)
-    busbw = algbw * BUS_FACTOR(op, N)
-    fig.update({"ok": bool(ok), "algbw_bytes_per_cycle": round(algbw, 3),
-                "busbw_bytes_per_cycle": round(busbw, 3),
-                "busbw_fraction_of_link_peak": round(busbw / peak, 4),
-                "link_peak_bytes_per_cycle": peak})
+    fig.update({"ok": bool(ok), **bandwidth(cfg, op, N, size, cycles, bidirectional)})
     fab.close()
     return fig, inputs, outputs, expect

@@ -296,7 +296,7 @@ def run_card_collective(cfg, op, elements, *, cards, bidirectional=False, ber=0.
     attached) when the cards end with RING_ERROR (a link whose retries ran out)."""
     from hw.isa import ERROR_CODES, encode
 
-    from .fabric import BUS_FACTOR, OPS, LinkDead
+    from .fabric import OPS, LinkDead, bandwidth
     from .progs import Layout, read_stripes, write_stripes
     from .ref import collective as ref
     run_cfg = cfg.replace(topology="bidirectional_ring" if bidirectional else "ring")
@@ -345,19 +345,10 @@ def run_card_collective(cfg, op, elements, *, cards, bidirectional=False, ber=0.
     for i, dev in enumerate(app.devices):
         raw = read_stripes(dev, cfg, dst, -(-4 * out_words // S)).view(np.uint32)[:out_words]
         if op == "reducescatter":
-            raw = np.concatenate([raw[(p0 + s0) * W:(p0 + s0 + sb) * W]
-                                  for p0, pb, _d in ref.halves(nb, bidirectional)
-                                  for j, (s0, sb) in enumerate(ref.segments(pb, N)) if j == i]
-                                 or [np.zeros(0, np.uint32)])
+            raw = ref.own_segments(raw, i, N, nb, W, bidirectional)
         outputs.append(raw)
     app.close()
     expect = ref.reference(op, inputs, W, bidirectional=bidirectional)
     ok = all(np.array_equal(o, e) for o, e in zip(outputs, expect, strict=True))
-    peak = cfg.link_bytes_per_cycle * (2 if bidirectional else 1)
-    algbw = size / max(fig["cycles"], 1)
-    busbw = algbw * BUS_FACTOR(op, N)
-    fig.update({"ok": bool(ok), "algbw_bytes_per_cycle": round(algbw, 3),
-                "busbw_bytes_per_cycle": round(busbw, 3),
-                "busbw_fraction_of_link_peak": round(busbw / peak, 4),
-                "link_peak_bytes_per_cycle": peak})
+    fig.update({"ok": bool(ok), **bandwidth(cfg, op, N, size, fig["cycles"], bidirectional)})
     return fig, inputs, outputs, expect

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import arith as A
 
-__all__ = ["segments", "halves", "reduce_order", "reference"]
+__all__ = ["segments", "halves", "reduce_order", "reference", "own_segments"]
 
 
 def segments(nb, N):
@@ -77,3 +77,13 @@ def reference(op, inputs, W, *, dtype="fp32", bidirectional=False):
     if op == "allreduce":
         return [reduced.copy() for _ in range(N)]
     raise ValueError(f"op {op!r}")
+
+
+def own_segments(buf, card, N, nb, W, bidirectional=False):
+    """The words of card ``card``'s reduce-scatter result out of its result buffer ``buf``
+    (words at their offsets in the message): its segment of each part, concatenated, as
+    ``reference`` returns them."""
+    return np.concatenate([buf[(p0 + s0) * W:(p0 + s0 + sb) * W]
+                           for p0, pb, _d in halves(nb, bidirectional)
+                           for j, (s0, sb) in enumerate(segments(pb, N)) if j == card]
+                          or [np.zeros(0, np.uint32)])

@@ -52,6 +52,20 @@ def _share(n, cards, card):
     return lo, hi - lo
 
 
+def fold_layer_norm(wt, bias, g, b):
+    """A LayerNorm (gain g, shift b) folded into the linear layer after it (weights wt
+    [out, d], bias): W (((x - mean) r) g + b) + bias = r (W diag(g) (I - 11^T / d)) x + (W b +
+    bias), r = 1 / sqrt(var + eps). The matrix unit then runs on x itself (its fp16 copy) while
+    the vector unit computes the mean and r beside it, and each output row becomes r z + bias'.
+    The centred matrix's rows sum to zero, so x's mean drops out of z in exact arithmetic; in
+    fp16 weights the residue is about |mean| / std x 2^-12 of z (docs/numerics.md). Computed in
+    float64, returned as float32 (the image rounds the weights to fp16 once)."""
+    wg = np.asarray(wt, np.float64) * np.asarray(g, np.float64)[None, :]
+    wc = wg - wg.mean(axis=1, keepdims=True)
+    b2 = np.asarray(bias, np.float64) + np.asarray(wt, np.float64) @ np.asarray(b, np.float64)
+    return wc.astype(np.float32), b2.astype(np.float32)
+
+
 def tiles_in_stream_order(mat, L, W, group):
     """fp16 matrix [rows, cols] -> tiles [n, L, W] in the MATVEC stream order."""
     rows, cols = mat.shape
@@ -110,9 +124,9 @@ class LayerRows:
     qkv: tuple
     proj: tuple
     fc: tuple
-    fc2: tuple
-    k: list
-    v: list
+    fc2: list            # [(matrix, first column)]: mlp.c_proj by parts of its columns
+    k: int           # the K cache of every head (layout in _Emitter.program)
+    v: int           # the V cache of every head
 
 
 class CompiledModel:
@@ -227,9 +241,11 @@ class CompiledModel:
             p = f"h.{i}."
             # Rows of the padded qkv output: q heads, k heads, v heads, each hdp rows.
             bqkv = np.zeros(3 * dq, np.float32)
+            bfc = np.zeros(F, np.float32)
 
             def qkv(p=p, bqkv=bqkv):
-                wa, ba = w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"]   # [3d, d]
+                wa, ba = fold_layer_norm(w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"],
+                                         w[p + "ln_1.weight"], w[p + "ln_1.bias"])   # [3d, d]
                 out = np.zeros((3 * dq, d), np.float32)
                 for part in range(3):
                     for h in range(H):
@@ -250,28 +266,42 @@ class CompiledModel:
 
             m_qkv = self._matrix(3 * dq, d, qkv)           # fills bqkv
             m_proj = self._matrix(d, dq, proj)
-            m_fc = self._matrix(F, d, lambda p=p: w[p + "mlp.c_fc.weight"].T[f0:f0 + F])
-            m_fc2 = self._matrix(d, F, lambda p=p: w[p + "mlp.c_proj.weight"].T[:, f0:f0 + F])
-            params = self._param_vector([vec(p + "ln_1.weight", d), vec(p + "ln_1.bias", d), bqkv,
-                                         vec(p + "attn.c_proj.bias", d), vec(p + "ln_2.weight", d),
-                                         vec(p + "ln_2.bias", d),
-                                         vec(p + "mlp.c_fc.bias", sh.d_ff)[f0:f0 + F],
+            def fc(p=p, bfc=bfc):
+                wf, bf = fold_layer_norm(w[p + "mlp.c_fc.weight"].T[f0:f0 + F],
+                                         w[p + "mlp.c_fc.bias"][f0:f0 + F],
+                                         w[p + "ln_2.weight"], w[p + "ln_2.bias"])
+                bfc[:] = bf
+                return wf
+
+            m_fc = self._matrix(F, d, fc)                   # fills bfc
+            fa = self._fc2_split(F, d)
+            m_fc2 = [(self._matrix(d, c1 - c0, lambda c0=c0, c1=c1, p=p:
+                                   w[p + "mlp.c_proj.weight"].T[:, f0 + c0:f0 + c1]), c0)
+                     for c0, c1 in ((0, fa), (fa, F)) if c1 > c0]
+            params = self._param_vector([bqkv, vec(p + "attn.c_proj.bias", d), bfc,
                                          vec(p + "mlp.c_proj.bias", d)])
             prow, _ = img.alloc(params.nbytes, params if w is not None else None)
             self._layer_offsets, self._layer_len = self._param_offsets, self._param_len
             self.layers.append(LayerRows(params=prow, qkv=m_qkv, proj=m_proj, fc=m_fc, fc2=m_fc2,
-                                         k=[], v=[]))
-        lnf = self._param_vector([vec("ln_f.weight", d), vec("ln_f.bias", d)])
-        self.lnf_row, _ = img.alloc(lnf.nbytes, lnf if w is not None else None)
-        self.head = self._matrix(self.Vn, d, lambda: w["wte.weight"][self.v0:self.v0 + self.Vn])
-        # The KV caches, one contiguous region (zeroed when a model is loaded).
+                                         k=0, v=0))
+        hbias = np.zeros(self.vS, np.float32)
+
+        def head():
+            wh, bh = fold_layer_norm(w["wte.weight"][self.v0:self.v0 + self.Vn],
+                                     np.zeros(self.Vn), w["ln_f.weight"], w["ln_f.bias"])
+            hbias[:self.Vn] = bh
+            return wh
+
+        self.head = self._matrix(self.Vn, d, head)          # fills hbias
+        self.head_bias_row, _ = img.alloc(hbias.nbytes, hbias if w is not None else None)
+        # The KV caches, one contiguous region (zeroed when a model is loaded); per layer the
+        # heads side by side, so that one STORE writes a token's K (V) for every head.
         kb = _up(sh.n_positions, L * GROUP) // L * (hdp // W)
         vb = _up(sh.n_positions, W) // W * (hdp // L)
         kv0 = img.next_row
         for rows in self.layers:
-            for _h in range(H):
-                rows.k.append(img.alloc(kb * self.S)[0])
-                rows.v.append(img.alloc(vb * self.S)[0])
+            rows.k = img.alloc(H * kb * self.S)[0]
+            rows.v = img.alloc(H * vb * self.S)[0]
         self.kv_rows = (kv0, img.next_row)
         self.logits_row, _ = img.alloc((self.T if self.all_logits else 1) * self.vS * 4)
         per = -(-self.T * self.dS * 4 // self.S)
@@ -280,6 +310,20 @@ class CompiledModel:
         if img.next_row + 4 > self.cfg.channel_rows:
             raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the build has "
                             f"{self.cfg.channel_rows}")
+
+    def _fc2_split(self, F, d):
+        """mlp.c_proj's columns [0, fa) and [fa, F): fa = the rows of all but the last of the
+        MATVEC chunks c_fc runs in (_Emitter.matvec), so that the first part can run while the
+        last chunk's GELU does; F (no split) where c_fc is one chunk."""
+        L, W = self.L, self.W
+        rb, per = -(-F // L), self.chunk_blocks(-(-d // W))
+        fa = (-(-rb // per) - 1) * per * L
+        return fa if 0 < fa < F and fa % W == 0 else F
+
+    def chunk_blocks(self, cb):
+        """Row blocks per MATVEC chunk of a weight matrix of ``cb`` column blocks: whole
+        groups, at most half the weight FIFO (_Emitter.matvec)."""
+        return max(1, (self.cfg.core.weight_fifo_tiles // 2) // (GROUP * cb)) * GROUP
 
     def _param_vector(self, parts):
         """fp32 vector of parts, each starting at a multiple of P (the VSP offsets match)."""
@@ -302,6 +346,7 @@ class CompiledModel:
         self.v_x = v(T * self.dS)
         self.v_a = v(T * self.dS)
         self.v_y = v(_up(T * self.dS, self.B))     # all-reduced in place: whole COLL beats
+        self.v_yb = v(T * self.dS)                 # mlp.c_proj's second part
         self.v_qkv = v(T * self.qS)
         self.v_sc = v(T * self._Hbuf * self.nS)
         self.v_att = v(T * _up(self.dq, self.W))
@@ -311,7 +356,7 @@ class CompiledModel:
         # find the squares in) on every card, and that stride holds d_model: the LayerNorms
         # run before c_fc writes it and after mlp.c_proj has read its fp16 copy (x_h).
         self.v_tmp = self.v_h if self._tmp_in_h else v(self.dS)
-        plen = sum(_up(n, self.P) for n in (d, d, 3 * self.dq, d, d, d, F, d))
+        plen = sum(_up(n, self.P) for n in (3 * self.dq, d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters. One where two do not fit.
         a = v(plen)
@@ -319,12 +364,14 @@ class CompiledModel:
         self.v_scal = v((4 + 2 * self._Hbuf) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
+            self.v_hbias = v(self.vS)
         else:
             # The LM head in chunks of whole groups of row blocks, two buffers: one chunk's
             # logits are stored while the next is computed.
             unit = int(np.lcm(self.L * GROUP, self.S // 4))
-            self.chunk = min(_up(self.vS, unit), max(unit, (c.vsp_words - v.next) // 2 // unit * unit))
+            self.chunk = min(_up(self.vS, unit), max(unit, (c.vsp_words - v.next) // 4 // unit * unit))
             self.v_logits = (v(self.chunk), v(self.chunk))
+            self.v_hbias = (v(self.chunk), v(self.chunk))
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
         self.x_q = xb(T * self.dq)
@@ -376,7 +423,7 @@ class CompiledModel:
 class _Job:
     """One MATVEC and the tiles it consumes; its WLOAD is placed by the scheduler."""
     index: int
-    row: int
+    segs: list             # (first stripe row, tiles): the WLOADs that stream its tiles
     tiles: int
     fields: dict
     earliest: int          # position in the program before which its tiles may not stream
@@ -405,7 +452,8 @@ class _Emitter:
         jobs = self.jobs
 
         def stream(j):
-            out.append(encode("WLOAD", row=j.row, tiles=j.tiles))
+            for row, tiles in j.segs:
+                out.append(encode("WLOAD", row=row, tiles=tiles))
             return j.tiles
 
         for idx, item in enumerate(self.out):
@@ -426,10 +474,13 @@ class _Emitter:
     def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0):
         self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k)
 
-    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=False, tokens=None,
-               then=None):
+    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=None, tokens=None,
+               then=None, first=None, defer_last=False):
         """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
-        groups of row blocks, each at most half the weight FIFO (so that two fit).
+        groups of row blocks, each at most half the weight FIFO (so that two fit). ``kv``: the
+        matrix is a head's K or V cache, one job whose tiles are the runs of rows ``kv``
+        (first row, tiles), streamed once the caches hold this step's rows. ``first()`` emits
+        instructions right after the first MATVEC.
 
         ``then(t, row0, rows)`` emits the vector work on a finished chunk of the output (token
         t's rows row0 .. row0 + rows). Each chunk's work goes after the *next* chunk's MATVEC:
@@ -447,7 +498,7 @@ class _Emitter:
                 raise UserError(f"model: one group of {group} row blocks of a {rb * self.cm.L} x "
                                 f"{cb * self.cm.W} matrix is {per_group} tiles, more than the weight "
                                 f"FIFO's {depth} (core.weight_fifo_tiles)")
-            per = max(1, (depth // 2) // per_group) * group
+            per = self.cm.chunk_blocks(cb) if group == GROUP else max(1, (depth // 2) // per_group) * group
             chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
         L = self.cm.L
         prev = None
@@ -458,14 +509,19 @@ class _Emitter:
             f = dict(xb=xb, dst=dst + r0 * L, rb=n, cb=cb, group=group, tokens=T,
                      xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
                      bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None))
-            self.out.append(_Job(len(self.jobs), row + r0 * cb, n * cb, f,
-                                 self.kv_ready if kv else 0))
+            segs = kv if kv else [(row + r0 * cb, n * cb)]
+            self.out.append(_Job(len(self.jobs), segs, n * cb, f, self.kv_ready if kv else 0))
             self.jobs.append(self.out[-1])
+            if first is not None and prev is None:
+                first()
             if then is not None and prev is not None:
                 self._then(then, T, prev, L)
             prev = (r0, n)
         if then is not None:
+            if defer_last:      # the caller places the last chunk's work (returned)
+                return lambda: self._then(then, T, prev, L)
             self._then(then, T, prev, L)
+        return None
 
     def _then(self, then, T, chunk, L):
         r0, n = chunk
@@ -473,7 +529,50 @@ class _Emitter:
             then(t, r0 * L, n * L)
 
     def scalar(self, t, k):
+        """Token t's scalar slot k (P words each; 4 + 2H per token): 0..3 LayerNorm, 4 + h
+        head h's max, 4 + H on: the heads' softmax sums, side by side."""
         return self.cm.v_scal + ((4 + 2 * self.cm.H) * t + k) * self.cm.P
+
+    def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, **kw):
+        """LayerNorm of the residual stream x followed by matrix ``m`` (its LayerNorm folded
+        in: fold_layer_norm): the matrix unit starts on fp16(x) at once; the mean and
+        r = 1 / sqrt(var + eps) of each token run on the vector unit beside the first chunk;
+        each finished chunk of rows becomes r z + bias (then ``then(t, row0, rows)``).
+        ``toks``: the tokens (default all) whose x go in, as the MATVEC's tokens 0, 1, ...;
+        ``bias(r)`` or ``bias + r``: the VSP word of the bias for output row r."""
+        cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
+        inv_d, eps = cm.v_const, cm.v_const + 1
+        toks = list(range(T)) if toks is None else toks
+        if toks == list(range(T)):
+            self.vec("CVT16", cm.x_a, cm.v_x, T * dS)
+        else:
+            for j, t in enumerate(toks):
+                self.vec("CVT16", cm.x_a + j * dS, cm.v_x + t * dS, dS)
+
+        def stats():        # up to the sum of squares: issued before the second chunk
+            for t in toks:
+                x, sq = cm.v_x + t * dS, cm.v_a + t * dS
+                s0 = self.scalar(t, 0)
+                self.vec("REDSUM", s0, x, d)
+                self.vec("MUL", s0, s0, 1, src2=inv_d, bcast=1)
+                self.vec("SUB", sq, x, d, src2=s0, bcast=1)
+                self.vec("MUL", sq, sq, d, src2=sq)
+                self.vec("REDSUM", self.scalar(t, 1), sq, d)
+
+        def finish(j, r, n):
+            t = toks[j]
+            if r == 0:      # the first chunk: r for this token, after the second chunk's issue
+                s1 = self.scalar(t, 1)
+                self.vec("MUL", s1, s1, 1, src2=inv_d, bcast=1)
+                self.vec("ADD", s1, s1, 1, src2=eps, bcast=1)
+                self.vec("RSQRT", s1, s1, 1)
+            y = dst + j * dstride + r
+            self.vec("MUL", y, y, n, src2=self.scalar(t, 1), bcast=1)
+            self.vec("ADD", y, y, n, src2=bias(r) if callable(bias) else bias + r)
+            then(j, r, n)
+
+        return self.matvec(m, cm.x_a, dS, dst, dstride, first=stats, then=finish,
+                           defer_last=defer_last, tokens=len(toks), **kw)
 
     def layer_norm(self, t, src, dst, g, b):
         cm, d = self.cm, self.cm.sh.d_model
@@ -492,12 +591,7 @@ class _Emitter:
         self.vec("ADD", dst, dst, d, src2=b)
 
     def program(self):
-        cm, T, sh = self.cm, self.T, self.cm.sh
-        d, H, hdp, dq = sh.d_model, cm.H, cm.hdp, cm.dq
-        L, W, P = cm.L, cm.W, cm.P
-        dS, qS, nS, fS = cm.dS, cm.qS, cm.nS, cm.fS
-        aS = _up(dq, W)
-        last = self.pos0 + T - 1
+        cm, sh, dS, d = self.cm, self.cm.sh, self.cm.dS, self.cm.sh.d_model
         # Embeddings and constants.
         self.e("LOAD", vsp=cm.v_const, n=2, row=cm.const_row, f32=1)
         for t, tok in enumerate(self.tokens):
@@ -508,125 +602,226 @@ class _Emitter:
             self.e("LOAD", vsp=cm.v_y + t * dS, n=d, row=cm.wpe_row + (self.pos0 + t) * cm.tok_rows)
             self.vec("ADD", x, x, d, src2=cm.v_y + t * dS)
         self.dump(0)
-        po = cm._layer_offsets
-        head_row, head_rb, head_cb = cm.head
-        per = head_rb if cm.all_logits else cm.chunk // L      # LM head row blocks per VSP buffer
-        chunks = [(r0, min(per, head_rb - r0)) for r0 in range(0, head_rb, per)]
         self.e("LOAD", vsp=cm.v_pars[0], n=cm._layer_len, row=cm.layers[0].params, f32=1)
-
-        def residual(t, r, n):     # x += y on the rows a MATVEC job finished
-            self.vec("ADD", cm.v_x + t * dS + r, cm.v_x + t * dS + r, n, src2=cm.v_y + t * dS + r)
-
-        def gelu(t, r, n):         # GELU and the fp16 copy for the next MATVEC
-            h = cm.v_h + t * fS + r
-            self.vec("GELU", h, h, n)
-            self.vec("CVT16", cm.x_h + t * fS + r, h, n)
-
         for li, lr in enumerate(cm.layers):
-            par = cm.v_pars[li % 2]
-            g1, b1, bqkv, bproj, g2, b2, bfc, bfc2 = (par + o for o in po)
-            for t in range(T):
-                self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g1, b1)
-            self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
-            self.matvec(lr.qkv, cm.x_a, dS, cm.v_qkv, qS, bias=bqkv)
-
-            def next_params(li=li):
-                nxt = cm.v_pars[(li + 1) % 2]
-                if li + 1 < len(cm.layers):
-                    self.e("LOAD", vsp=nxt, n=cm._layer_len, row=cm.layers[li + 1].params, f32=1)
-                else:
-                    self.e("LOAD", vsp=nxt, n=_up(d, P) + d, row=cm.lnf_row, f32=1)
-
-            if cm.param_areas == 2:     # into the other area, while this layer runs
-                next_params()
-            # New K rows and V columns into the caches. K tiles are in the MATVEC stream order
-            # with whole groups: tile (r, c) at (r // G) * G * cb + c * G + r % G.
-            cbk = hdp // W
-            for t in range(T):
-                p = self.pos0 + t
-                r = p // L
-                for h in range(H):
-                    k = cm.v_qkv + t * qS + dq + h * hdp
-                    v = cm.v_qkv + t * qS + 2 * dq + h * hdp
-                    self.e("STORE", vsp=k, n=hdp, row=lr.k[h] + (r // GROUP) * GROUP * cbk + r % GROUP,
-                           off=(p % L) * 2 * W, lepg=W.bit_length() - 1, lgpr=0, gstride=0,
-                           rstride=GROUP)
-                    self.e("STORE", vsp=v, n=hdp, row=lr.v[h] + (p // W) * (hdp // L), off=2 * (p % W),
-                           lepg=0, lgpr=L.bit_length() - 1, gstride=2 * W, rstride=1)
-            rbk = _up(-(-(last + 1) // L), GROUP)          # whole groups (rows past `last` masked)
-            rbv, cbv = hdp // L, -(-(last + 1) // W)
-            kmat = [(lr.k[h], rbk, cbk) for h in range(H)]
-            vmat = [(lr.v[h], rbv, cbv) for h in range(H)]
-            self.kv_ready = len(self.out)      # the caches now hold this step's rows
-            # Attention, heads side by side so that the units overlap: the matrix unit runs the
-            # q.K^T of every head back to back while the vector unit takes each head's scores
-            # as they come; exp and the fp16 conversions run once over all heads.
-            # Layouts: q16 [t][h][hdp], scores and probabilities [t][h][nS].
-            HN = H * nS
-            for t in range(T):
-                self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS, dq)
-            for h in range(H):
-                self.matvec(kmat[h], cm.x_q + h * hdp, dq, cm.v_sc + h * nS, HN, kv=True)
-            ns = cbv * W
-            for h in range(H):
-                for t in range(T):
-                    s = cm.v_sc + t * HN + h * nS
-                    m = self.scalar(t, 4 + 2 * h)
-                    self.vec("MASK", s, s, ns, k=self.pos0 + t)
-                    self.vec("REDMAX", m, s, ns)
-                    self.vec("SUB", s, s, ns, src2=m, bcast=1)
-            self.vec("EXP", cm.v_sc, cm.v_sc, T * HN)
-            for h in range(H):
-                for t in range(T):
-                    s = cm.v_sc + t * HN + h * nS
-                    z = self.scalar(t, 5 + 2 * h)
-                    self.vec("REDSUM", z, s, ns)
-                    self.vec("RECIP", z, z, 1)
-                    self.vec("MUL", s, s, ns, src2=z, bcast=1)
-            self.vec("CVT16", cm.x_p, cm.v_sc, T * HN)
-            assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
-            for h in range(H):
-                self.matvec(vmat[h], cm.x_p + h * nS, HN, cm.v_att + h * hdp, aS, group=rbv, kv=True)
-            self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
-            self.projection(lr.proj, cm.x_att, aS, bproj, residual)
-            for t in range(T):
-                self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, g2, b2)
-            self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
-            self.matvec(lr.fc, cm.x_a, dS, cm.v_h, fS, bias=bfc, then=gelu)
-            if lr.fc[1] * L < fS:       # columns of x_h past the matrix's last row block
-                for t in range(T):
-                    gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
-            self.projection(lr.fc2, cm.x_h, fS, bfc2, residual)
-            if cm.param_areas == 1:     # over this layer's, after their last use
-                next_params()
-            self.dump(li + 1)
-        # Final LayerNorm and the LM head (the token embedding, tied).
-        par = cm.v_pars[len(cm.layers) % 2]
-        for t in range(T):
-            self.layer_norm(t, cm.v_x + t * dS, cm.v_a + t * dS, par, par + _up(d, P))
-        if cm.all_logits:
-            self.vec("CVT16", cm.x_a, cm.v_a, T * dS)
-            self.matvec(cm.head, cm.x_a, dS, cm.v_logits, cm.vS)
-            self.store_f32(cm.v_logits, T * cm.vS, cm.logits_row)
-        else:      # generation needs the last position's logits only
-            self.vec("CVT16", cm.x_a, cm.v_a + (T - 1) * dS, dS)
-            per_row = cm.S // 4
-            for k, (r0, n) in enumerate(chunks):
-                buf = cm.v_logits[k % 2]
-                self.matvec((head_row + r0 * head_cb, n, head_cb), cm.x_a, 0, buf, 0, tokens=1)
-                self.store_f32(buf, n * L, cm.logits_row + r0 * L // per_row)
+            self.layer(li, lr)
+        self.lm_head()
         self.e("HALT")
         return self.schedule()
 
-    def projection(self, m, xb, xstride, bias, residual):
+    def residual(self, t, r, n, y=None):
+        """x += y on the rows a MATVEC job finished."""
+        cm, dS = self.cm, self.cm.dS
+        y = cm.v_y if y is None else y
+        self.vec("ADD", cm.v_x + t * dS + r, cm.v_x + t * dS + r, n, src2=y + t * dS + r)
+
+    def gelu(self, t, r, n):
+        """GELU and the fp16 copy for the next MATVEC."""
+        cm, fS = self.cm, self.cm.fS
+        h = cm.v_h + t * fS + r
+        self.vec("GELU", h, h, n)
+        self.vec("CVT16", cm.x_h + t * fS + r, h, n)
+
+    def layer(self, li, lr):
+        """Decoder layer li: LayerNorm and c_attn, the KV caches, attention, c_proj,
+        LayerNorm and c_fc with GELU, mlp.c_proj; the residuals."""
+        cm, T = self.cm, self.T
+        H, hdp, dq = cm.H, cm.hdp, cm.dq
+        L, W = cm.L, cm.W
+        qS, fS = cm.qS, cm.fS
+        aS = _up(dq, W)
+        last = self.pos0 + T - 1
+        residual, gelu = self.residual, self.gelu
+        par = cm.v_pars[li % 2]
+        bqkv, bproj, bfc, bfc2 = (par + o for o in cm._layer_offsets)
+
+        def next_params():
+            nxt = cm.v_pars[(li + 1) % 2]
+            if li + 1 < len(cm.layers):
+                self.e("LOAD", vsp=nxt, n=cm._layer_len, row=cm.layers[li + 1].params, f32=1)
+
+        # The KV caches, per layer the heads side by side so that one STORE per token
+        # writes K (V) for every head. K: tile (head h, row block r, column block c) at
+        # (r // G) * H * G * cbk + h * G * cbk + c * G + r % G (a head's tiles in its
+        # MATVEC's stream order within each group of G row blocks). V (V^T, hdp rows by
+        # positions): tile (h, row block j, column block c) at c * H * rbv + h * rbv + j.
+        cbk, rbv = hdp // W, hdp // L
+        kgrp = H * GROUP * cbk                  # rows of one group of row blocks, all heads
+        ready = {}
+
+        def store_k(t):
+            p = self.pos0 + t
+            r = p // L
+            self.e("STORE", vsp=cm.v_qkv + t * qS + dq, n=dq,
+                   row=lr.k + (r // GROUP) * kgrp + r % GROUP, off=(p % L) * 2 * W,
+                   lepg=W.bit_length() - 1, lgpr=0, gstride=0, rstride=GROUP)
+
+        def store_v(t):
+            p = self.pos0 + t
+            self.e("STORE", vsp=cm.v_qkv + t * qS + 2 * dq, n=dq,
+                   row=lr.v + (p // W) * H * rbv, off=2 * (p % W), lepg=0,
+                   lgpr=L.bit_length() - 1, gstride=2 * W, rstride=1)
+
+        def qkv_done(t, r, n):
+            # A token's new K row goes into the cache as soon as c_attn's K rows are
+            # final, its V column once the V rows are: the K MATVECs wait for them.
+            if r + n >= 2 * dq and ("k", t) not in ready:
+                store_k(t)
+                ready["k", t] = len(self.out)
+            if r + n >= 3 * dq and ("v", t) not in ready:
+                store_v(t)
+                ready["v", t] = len(self.out)
+
+        self.ln_matvec(lr.qkv, cm.v_qkv, qS, bqkv, qkv_done)
+        rbk = _up(-(-(last + 1) // L), GROUP)          # whole groups (rows past `last` masked)
+        cbv = -(-(last + 1) // W)
+        kseg = [[(lr.k + gi * kgrp + h * GROUP * cbk, GROUP * cbk) for gi in range(rbk // GROUP)]
+                for h in range(H)]
+        vseg = [[(lr.v + c * H * rbv + h * rbv, rbv) for c in range(cbv)] for h in range(H)]
+        self.kv_ready = max(ready["k", t] for t in range(T))
+        # Attention, heads side by side so that the units overlap: the matrix unit runs the
+        # q.K^T of every head back to back while the vector unit takes each head's scores
+        # as they come; exp and the fp16 conversions run once over all heads.
+        # Layouts: q16 [t][h][hdp], scores and probabilities [t][h][sK], sK the rows the K
+        # MATVECs write at this position (not the context's nS: EXP and CVT16 pass over
+        # what is live).
+        sK = _up(rbk * L, W)
+        HN = H * sK
+        for t in range(T):
+            self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS, dq)
+        for h in range(H):
+            self.matvec((0, rbk, cbk), cm.x_q + h * hdp, dq, cm.v_sc + h * sK, HN, kv=kseg[h])
+        ns = cbv * W
+        for h in range(H):
+            for t in range(T):
+                s = cm.v_sc + t * HN + h * sK
+                m = self.scalar(t, 4 + h)
+                self.vec("MASK", s, s, ns, k=self.pos0 + t)
+                self.vec("REDMAX", m, s, ns)
+                self.vec("SUB", s, s, ns, src2=m, bcast=1)
+        self.kv_ready = len(self.out)      # (the V STOREs are done by now: their tiles
+        # stream from here, not earlier, where in-order issue would hold the K MATVECs
+        # behind WLOADs waiting for the STOREs)
+        # The probabilities' normalization is deferred past p.V: the V MATVECs take the
+        # unnormalized exp(s - max) (in (0, 1], as fp16), and each head's output is scaled
+        # by 1 / sum after. The sums and reciprocals then run on the vector unit while the
+        # matrix unit does p.V, instead of a pass over every head's scores before it.
+        self.vec("EXP", cm.v_sc, cm.v_sc, T * HN)
+        self.vec("CVT16", cm.x_p, cm.v_sc, T * HN)
+        assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
+        for h in range(H):
+            self.matvec((0, rbv, cbv), cm.x_p + h * sK, HN, cm.v_att + h * hdp, aS, group=rbv,
+                        kv=vseg[h])
+        # Each token's H sums are side by side (a reduction's word and a broadcast operand
+        # need no alignment): one RECIP takes them all.
+        for t in range(T):
+            z = self.scalar(t, 4 + H)
+            for h in range(H):
+                self.vec("REDSUM", z + h, cm.v_sc + t * HN + h * sK, ns)
+            self.vec("RECIP", z, z, H)
+        for h in range(H):
+            for t in range(T):
+                a = cm.v_att + t * aS + h * hdp
+                self.vec("MUL", a, a, hdp, src2=self.scalar(t, 4 + H) + h, bcast=1)
+        self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
+        self.projection(lr.proj, cm.x_att, aS, bproj, residual)
+        if cm.param_areas == 2:
+            # Into the other area, while this layer runs: here, where the weight FIFO is
+            # full with c_fc's tiles and the read DMA would idle through the LayerNorm (a
+            # LOAD fills the VSP at vector_lanes words a cycle; earlier in the layer it
+            # held up the K and V tiles behind it).
+            next_params()
+        # mlp.c_proj in two parts by columns (fold_layer_norm's sibling in _build_image):
+        # the first, over the columns of all but c_fc's last chunk, runs while the vector
+        # unit takes that chunk's GELU.
+        fc_rows, crow = lr.fc[1] * L, cm.chunk_blocks(lr.fc[2]) * L
+
+        def fc_done(t, r, n):
+            # GELU over two chunks at once (its pipeline is long: 141 cycles a pass), but
+            # the last chunk and one before it alone, so that mlp.c_proj's first part
+            # does not wait for the last chunk.
+            if r + n >= fc_rows or r + n + crow >= fc_rows:
+                gelu(t, r, n)
+            elif (r // crow) % 2:
+                gelu(t, r - crow, n + crow)
+
+        tail = self.ln_matvec(lr.fc, cm.v_h, fS, bfc, fc_done, defer_last=True)
+
+        def fc_tail():
+            tail()
+            if lr.fc[1] * L < fS:       # columns of x_h past the matrix's last row block
+                for t in range(T):
+                    gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
+
+        if len(lr.fc2) == 2:     # after the first part's first MATVEC: it does not read them
+            self.projection(lr.fc2, cm.x_h, fS, bfc2, residual, first=fc_tail)
+        else:                    # (in-order issue: a later writer would not hold it back)
+            fc_tail()
+            self.projection(lr.fc2, cm.x_h, fS, bfc2, residual)
+        if cm.param_areas == 1:     # over this layer's, after their last use
+            next_params()
+        self.dump(li + 1)
+
+    def lm_head(self):
+        cm, T, L = self.cm, self.T, self.cm.L
+        head_row, head_rb, head_cb = cm.head
+        per = head_rb if cm.all_logits else cm.chunk // L      # LM head row blocks per VSP buffer
+        chunks = [(r0, min(per, head_rb - r0)) for r0 in range(0, head_rb, per)]
+        # Final LayerNorm and the LM head (the token embedding, tied), the LayerNorm folded
+        # into the head's own copy of the embedding (fold_layer_norm) and its bias loaded by
+        # parts beside the logits.
+        per_row = cm.S // 4
+        if cm.all_logits:
+            self.e("LOAD", vsp=cm.v_hbias, n=cm.vS, row=cm.head_bias_row, f32=1)
+            self.ln_matvec(cm.head, cm.v_logits, cm.vS, cm.v_hbias, lambda j, r, n: None)
+            self.store_f32(cm.v_logits, T * cm.vS, cm.logits_row)
+        else:      # generation needs the last position's logits only
+            for k, (r0, n) in enumerate(chunks):
+                buf, hb = cm.v_logits[k % 2], cm.v_hbias[k % 2]
+                self.e("LOAD", vsp=hb, n=n * L, row=cm.head_bias_row + r0 * L // per_row, f32=1)
+                done = [0]              # logits of this buffer stored so far
+
+                def store(j, r, rows, buf=buf, r0=r0, n=n, done=done):
+                    # Each MATVEC chunk's logits go out while the next chunk computes, in
+                    # whole stripe rows (the last chunk's rest at the end).
+                    end = r + rows if r + rows == n * L else (r + rows) // per_row * per_row
+                    if end > done[0]:
+                        self.store_f32(buf + done[0], end - done[0],
+                                       cm.logits_row + (r0 * L + done[0]) // per_row)
+                        done[0] = end
+
+                if k == 0:
+                    self.ln_matvec((head_row + r0 * head_cb, n, head_cb), buf, 0, hb, store,
+                                   toks=[T - 1])
+                else:      # (the statistics are done: the fix-up alone)
+                    def fix(j, r, rows, buf=buf, hb=hb, store=store):
+                        y = buf + r
+                        self.vec("MUL", y, y, rows, src2=self.scalar(T - 1, 1), bcast=1)
+                        self.vec("ADD", y, y, rows, src2=hb + r)
+                        store(j, r, rows)
+
+                    self.matvec((head_row + r0 * head_cb, n, head_cb), cm.x_a, 0, buf, 0,
+                                tokens=1, then=fix)
+
+    def projection(self, m, xb, xstride, bias, residual, first=None):
         """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
         the residual follows each finished chunk; on several, every card holds a partial sum
-        in v_y: add them up over the ring (in place), then the bias once, then the residual."""
+        in v_y: add them up over the ring (in place), then the bias once, then the residual.
+        ``m`` may be a list of (matrix, first column): parts by columns, the first into v_y,
+        the second into v_yb, added up; ``first()`` is emitted after the first MATVEC."""
         cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
+        parts = m if isinstance(m, list) else [(m, 0)]
+        assert len(parts) <= 2
+        bufs = [cm.v_y, cm.v_yb]
+        for k, (mk, c0) in enumerate(parts):
+            one = cm.cards == 1
+            self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=bias if one and k == 0 else None,
+                        then=(lambda t, r, n, y=bufs[k]: residual(t, r, n, y)) if one else None,
+                        first=first if k == 0 else None)
         if cm.cards == 1:
-            self.matvec(m, xb, xstride, cm.v_y, dS, bias=bias, then=residual)
             return
-        self.matvec(m, xb, xstride, cm.v_y, dS)
+        if len(parts) == 2:
+            self.vec("ADD", cm.v_y, cm.v_y, T * dS, src2=cm.v_yb)
         self.e("COLL", cop=2, src=cm.v_y, dst=cm.v_y, n=T * dS)
         for t in range(T):
             y = cm.v_y + t * dS

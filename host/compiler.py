@@ -18,6 +18,7 @@ in HBM (K/V after their STOREs), and while the streamed-but-unclaimed tiles fit 
 So the weights of the next matrices stream while the vector unit works.
 """
 
+import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,18 +104,35 @@ class HbmImage:
 
 
 class Vsp:
-    """Bump allocator for VSP words or XB words, aligned."""
+    """First-fit allocator for VSP words or XB words, aligned. The VSP's segments have one
+    read port each: a buffer given ``avoid`` (buffers a two-operand vector operation reads it
+    with) goes where it shares no segment with them if there is room, else anywhere."""
 
-    def __init__(self, words, align, what):
+    def __init__(self, words, align, what, segment=None):
         self.words, self.align, self.what = words, align, what
-        self.next = 0
+        self.segment = segment or words
+        self.used = {}                      # start -> end
+        self.next = 0                       # the highest end so far
 
-    def __call__(self, n, align=None):
-        a = _up(self.next, align or self.align)
-        if a + n > self.words:
+    def _segs(self, a, n):
+        return set(range(a // self.segment, (a + max(n, 1) - 1) // self.segment + 1))
+
+    def _fits(self, a, n):
+        return a + n <= self.words and all(a + n <= lo or hi <= a for lo, hi in self.used.items())
+
+    def __call__(self, n, align=None, avoid=(), strict=False):
+        al = align or self.align
+        cands = sorted({_up(x, al) for x in [0, *self.used.values(),
+                                              *range(0, self.words, self.segment)]})
+        bad = set().union(*(self._segs(b, self.used[b] - b) for b in avoid if b in self.used))
+        a = next((a for a in cands if self._fits(a, n) and not self._segs(a, n) & bad), None)
+        if a is None and not strict:
+            a = next((a for a in cands if self._fits(a, n)), None)
+        if a is None:
             raise UserError(f"model: needs more than the {self.words} {self.what} words this "
                             f"build has (core.{'vsp' if self.what == 'VSP' else 'xb'}_words)")
-        self.next = a + n
+        self.used[a] = a + n
+        self.next = max(self.next, a + n)
         return a
 
 
@@ -164,6 +182,9 @@ class CompiledModel:
         L, W = self.L, self.W
         d, hd = sh.d_model, sh.head_dim
         self.hdp = _up(hd, W)                 # a head's q/k/v padded to whole blocks
+        # A head's V rows: hdp and a block of L more whose first row is 1 for every position
+        # (its weights 0, its bias 1): p.V then gives the softmax's sum beside the output.
+        self.hvp = self.hdp + L
         self.dS = _up(d, W)                   # token strides, whole XB blocks
         # Scores per (token, head): the K MATVEC computes whole groups of row blocks.
         self.nS = _up(sh.n_positions, max(W, L * GROUP))
@@ -196,7 +217,13 @@ class CompiledModel:
     def _shares(self, H, F, Vn):
         """Sizes that follow this card's share of heads, MLP columns and vocabulary."""
         self.dq = H * self.hdp
-        self.qS = _up(3 * self.dq, self.W)
+        self.dv = H * self.hvp
+        self.aS = _up(self.dv, self.W)
+        self.qS = _up(2 * self.dq + self.dv, self.W)
+        # c_attn's output rows: K, then V, then q, so that the caches' STOREs (V's is slow: a
+        # new position's values go to one channel as single beats) start while the MATVEC
+        # still runs, and q, which the K MATVECs wait for anyway, comes last.
+        self.k_off, self.v_off, self.q_off = 0, self.dq, self.dq + self.dv
         self.fS = _up(F, self.W)
         self.vS = _up(Vn, self.L)
         self._Hbuf, self._Fbuf = H, F
@@ -223,6 +250,7 @@ class CompiledModel:
         h0, f0, F = self.h0, self.f0, self.F
         img = self.img
         self.const_row, _ = img.alloc(self.S, np.array([1.0 / d, sh.eps], np.float32))
+        self.zero_row, _ = img.alloc(_up(self.nS * 4, self.S), np.zeros(self.nS, np.float32))
         self.tok_rows = max(1, -(-2 * d // self.S))
         for name, count in (("wte", sh.vocab), ("wpe", sh.n_positions)):
             table = None
@@ -236,36 +264,39 @@ class CompiledModel:
         def vec(name, n):
             return np.zeros(n, np.float32) if w is None else w[name]
 
+        dv, hvp = self.dv, self.hvp
         self.layers = []
         for i in range(sh.n_layer):
             p = f"h.{i}."
-            # Rows of the padded qkv output: q heads, k heads, v heads, each hdp rows.
-            bqkv = np.zeros(3 * dq, np.float32)
+            # Rows of the padded qkv output: k heads (hdp rows each), v heads (hvp), q heads.
+            bqkv = np.zeros(2 * dq + dv, np.float32)
             bfc = np.zeros(F, np.float32)
 
             def qkv(p=p, bqkv=bqkv):
                 wa, ba = fold_layer_norm(w[p + "attn.c_attn.weight"].T, w[p + "attn.c_attn.bias"],
                                          w[p + "ln_1.weight"], w[p + "ln_1.bias"])   # [3d, d]
-                out = np.zeros((3 * dq, d), np.float32)
+                out = np.zeros((2 * dq + dv, d), np.float32)
                 for part in range(3):
                     for h in range(H):
                         g = h0 + h                                 # the model's head index
                         src = slice(part * d + g * hd, part * d + (g + 1) * hd)
-                        dst = slice(part * dq + h * hdp, part * dq + h * hdp + hd)
+                        r0 = (self.q_off, self.k_off, self.v_off)[part] + h * (hvp if part == 2 else hdp)
                         s = scale if part == 0 else 1.0
-                        out[dst] = wa[src] * s
-                        bqkv[dst] = ba[src] * s
+                        out[r0:r0 + hd] = wa[src] * s
+                        bqkv[r0:r0 + hd] = ba[src] * s
+                for h in range(H):
+                    bqkv[self.v_off + h * hvp + hdp] = 1.0     # the row of ones
                 return out
 
             def proj(p=p):
-                out = np.zeros((d, dq), np.float32)        # input columns in the padded layout
+                out = np.zeros((d, dv), np.float32)        # input columns in the padded layout
                 for h in range(H):
                     g = h0 + h
-                    out[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
+                    out[:, h * hvp:h * hvp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
                 return out
 
-            m_qkv = self._matrix(3 * dq, d, qkv)           # fills bqkv
-            m_proj = self._matrix(d, dq, proj)
+            m_qkv = self._matrix(2 * dq + dv, d, qkv)      # fills bqkv
+            m_proj = self._matrix(d, dv, proj)
             def fc(p=p, bfc=bfc):
                 wf, bf = fold_layer_norm(w[p + "mlp.c_fc.weight"].T[f0:f0 + F],
                                          w[p + "mlp.c_fc.bias"][f0:f0 + F],
@@ -279,7 +310,7 @@ class CompiledModel:
                                    w[p + "mlp.c_proj.weight"].T[:, f0 + c0:f0 + c1]), c0)
                      for c0, c1 in ((0, fa), (fa, F)) if c1 > c0]
             params = self._param_vector([bqkv, vec(p + "attn.c_proj.bias", d), bfc,
-                                         vec(p + "mlp.c_proj.bias", d)])
+                                         vec(p + "mlp.c_proj.bias", d)], self.par_align)
             prow, _ = img.alloc(params.nbytes, params if w is not None else None)
             self._layer_offsets, self._layer_len = self._param_offsets, self._param_len
             self.layers.append(LayerRows(params=prow, qkv=m_qkv, proj=m_proj, fc=m_fc, fc2=m_fc2,
@@ -297,7 +328,7 @@ class CompiledModel:
         # The KV caches, one contiguous region (zeroed when a model is loaded); per layer the
         # heads side by side, so that one STORE writes a token's K (V) for every head.
         kb = _up(sh.n_positions, L * GROUP) // L * (hdp // W)
-        vb = _up(sh.n_positions, W) // W * (hdp // L)
+        vb = _up(sh.n_positions, W) // W * (self.hvp // L)
         kv0 = img.next_row
         for rows in self.layers:
             rows.k = img.alloc(H * kb * self.S)[0]
@@ -325,12 +356,13 @@ class CompiledModel:
         groups, at most half the weight FIFO (_Emitter.matvec)."""
         return max(1, (self.cfg.core.weight_fifo_tiles // 2) // (GROUP * cb)) * GROUP
 
-    def _param_vector(self, parts):
-        """fp32 vector of parts, each starting at a multiple of P (the VSP offsets match)."""
+    def _param_vector(self, parts, first_align=None):
+        """fp32 vector of parts, each starting at a multiple of P (the VSP offsets match), the
+        second at a multiple of ``first_align`` (a stripe row: the first part loads alone)."""
         offs, n = [], 0
-        for p in parts:
+        for k, p in enumerate(parts):
             offs.append(n)
-            n = _up(n + len(p), self.P)
+            n = _up(n + len(p), first_align if k == 0 and first_align else self.P)
         v = np.zeros(n, np.float32)
         for o, p in zip(offs, parts, strict=True):
             v[o:o + len(p)] = p
@@ -341,26 +373,31 @@ class CompiledModel:
     def _alloc_onchip(self):
         c, sh, T = self.cfg.core, self.sh, self.T
         d, F = sh.d_model, self._Fbuf
-        v = Vsp(c.vsp_words, self.P, "VSP")
+        v = Vsp(c.vsp_words, self.P, "VSP", c.vsp_words // c.vsp_segments)
         self.v_const = v(self.P)
+        self.v_mask = v(self.nS)      # decode: 0 up to the step's position, -inf past it
         self.v_x = v(T * self.dS)
         self.v_a = v(T * self.dS)
-        self.v_y = v(_up(T * self.dS, self.B))     # all-reduced in place: whole COLL beats
-        self.v_yb = v(T * self.dS)                 # mlp.c_proj's second part
+        self.v_y = v(_up(T * self.dS, self.B), avoid=[self.v_x])   # all-reduced in place
+        self.v_yb = v(T * self.dS, avoid=[self.v_x, self.v_y])      # mlp.c_proj's second part
         self.v_qkv = v(T * self.qS)
         self.v_sc = v(T * self._Hbuf * self.nS)
-        self.v_att = v(T * _up(self.dq, self.W))
+        self.v_att = v(T * self.aS)
+        self.v_zinv = v(T * self.aS)
         self.v_h = v(T * self.fS)
         # LayerNorm's scratch (squares) lives in the MLP's hidden buffer where c_fc's rows
         # cover a token's whole stride (no tail for the GELU pass past its last row block to
         # find the squares in) on every card, and that stride holds d_model: the LayerNorms
         # run before c_fc writes it and after mlp.c_proj has read its fp16 copy (x_h).
         self.v_tmp = self.v_h if self._tmp_in_h else v(self.dS)
-        plen = sum(_up(n, self.P) for n in (3 * self.dq, d, F, d))
+        # (c_attn's bias first, up to a stripe boundary: layer 0 loads it alone, first)
+        self.par_align = int(np.lcm(self.P, self.S // 4))
+        plen = _up(self.qS, self.par_align) + sum(_up(n, self.P) for n in (d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters. One where two do not fit.
-        a = v(plen)
-        self.v_pars = (a, v(plen) if self.param_areas == 2 else a)
+        a = v(plen, avoid=[self.v_y, self.v_qkv, self.v_h])
+        self.v_pars = (a, v(plen, avoid=[self.v_y, self.v_qkv, self.v_h])
+                       if self.param_areas == 2 else a)
         self.v_scal = v((4 + 2 * self._Hbuf) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
@@ -369,14 +406,32 @@ class CompiledModel:
             # The LM head in chunks of whole groups of row blocks, two buffers: one chunk's
             # logits are stored while the next is computed.
             unit = int(np.lcm(self.L * GROUP, self.S // 4))
-            self.chunk = min(_up(self.vS, unit), max(unit, (c.vsp_words - v.next) // 4 // unit * unit))
-            self.v_logits = (v(self.chunk), v(self.chunk))
-            self.v_hbias = (v(self.chunk), v(self.chunk))
+            free = c.vsp_words - sum(hi - lo for lo, hi in v.used.items())
+            whole = _up(self.vS, unit)
+            top = min(whole, max(unit, free // 4 // unit * unit))
+            # The whole head in one chunk (a buffer each for logits and bias) if it fits, else
+            # the largest chunk whose four buffers fit where room is left; the biases in other
+            # segments than the logits if that can be (their ADD reads both).
+            tries = [(whole, s, 1) for s in (True, False)]
+            tries += [(k, s, 2) for k in range(top, 0, -unit) for s in (True, False)]
+            for self.chunk, strict, bufs in tries:
+                try:
+                    trial = copy.deepcopy(v)
+                    logits = tuple(trial(self.chunk) for _ in range(bufs))
+                    hbias = tuple(trial(self.chunk, avoid=list(logits), strict=strict)
+                                  for _ in range(bufs))
+                    logits, hbias = logits * (2 // bufs), hbias * (2 // bufs)
+                    break
+                except UserError:
+                    if not strict and self.chunk <= unit:
+                        raise
+            v.used, v.next = trial.used, trial.next
+            self.v_logits, self.v_hbias = logits, hbias
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
         self.x_q = xb(T * self.dq)
         self.x_p = xb(T * self._Hbuf * self.nS)
-        self.x_att = xb(T * _up(self.dq, self.W))
+        self.x_att = xb(T * self.aS)
         self.x_h = xb(T * self.fS)
 
     def load(self, dev):
@@ -442,6 +497,7 @@ class _Emitter:
         self.out = []
         self.jobs = []
         self.kv_ready = 0          # K/V tiles may stream only after this position (their STOREs)
+        self.w_ready = 0           # no weight tiles stream before this position
 
     def e(self, op, **f):
         self.out.append(encode(op, **f))
@@ -475,7 +531,7 @@ class _Emitter:
         self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k)
 
     def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=None, tokens=None,
-               then=None, first=None, defer_last=False):
+               then=None, first=None, defer_last=False, tt=0):
         """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
         groups of row blocks, each at most half the weight FIFO (so that two fit). ``kv``: the
         matrix is a head's K or V cache, one job whose tiles are the runs of rows ``kv``
@@ -508,9 +564,11 @@ class _Emitter:
                                 f"{depth} (core.weight_fifo_tiles)")
             f = dict(xb=xb, dst=dst + r0 * L, rb=n, cb=cb, group=group, tokens=T,
                      xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
-                     bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None))
+                     bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None),
+                     tt=tt)
             segs = kv if kv else [(row + r0 * cb, n * cb)]
-            self.out.append(_Job(len(self.jobs), segs, n * cb, f, self.kv_ready if kv else 0))
+            self.out.append(_Job(len(self.jobs), segs, n * cb, f,
+                                 max(self.w_ready, self.kv_ready if kv else 0)))
             self.jobs.append(self.out[-1])
             if first is not None and prev is None:
                 first()
@@ -533,7 +591,8 @@ class _Emitter:
         head h's max, 4 + H on: the heads' softmax sums, side by side."""
         return self.cm.v_scal + ((4 + 2 * self.cm.H) * t + k) * self.cm.P
 
-    def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, **kw):
+    def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, before=None,
+                  **kw):
         """LayerNorm of the residual stream x followed by matrix ``m`` (its LayerNorm folded
         in: fold_layer_norm): the matrix unit starts on fp16(x) at once; the mean and
         r = 1 / sqrt(var + eps) of each token run on the vector unit beside the first chunk;
@@ -550,6 +609,8 @@ class _Emitter:
                 self.vec("CVT16", cm.x_a + j * dS, cm.v_x + t * dS, dS)
 
         def stats():        # up to the sum of squares: issued before the second chunk
+            if before is not None:
+                before()
             for t in toks:
                 x, sq = cm.v_x + t * dS, cm.v_a + t * dS
                 s0 = self.scalar(t, 0)
@@ -593,7 +654,8 @@ class _Emitter:
     def program(self):
         cm, sh, dS, d = self.cm, self.cm.sh, self.cm.dS, self.cm.sh.d_model
         # Embeddings and constants.
-        self.e("LOAD", vsp=cm.v_const, n=2, row=cm.const_row, f32=1)
+        # (the embeddings ahead of any weight tile in the read DMA's order: the first
+        # LayerNorm waits for them)
         for t, tok in enumerate(self.tokens):
             if not 0 <= tok < sh.vocab:
                 raise UserError(f"token id {tok} is outside the vocabulary (0..{sh.vocab - 1})")
@@ -601,8 +663,14 @@ class _Emitter:
             self.e("LOAD", vsp=x, n=d, row=cm.wte_row + tok * cm.tok_rows)
             self.e("LOAD", vsp=cm.v_y + t * dS, n=d, row=cm.wpe_row + (self.pos0 + t) * cm.tok_rows)
             self.vec("ADD", x, x, d, src2=cm.v_y + t * dS)
+        self.e("LOAD", vsp=cm.v_const, n=2, row=cm.const_row, f32=1)
+        if self.T == 1:
+            # One token: the causal mask is the K MATVECs' bias (scores past the position
+            # become -inf as they are summed), built once for every layer and head (the MASK
+            # in layer 0, behind the first MATVEC).
+            self.e("LOAD", vsp=cm.v_mask, n=cm.nS, row=cm.zero_row, f32=1)
+        self.w_ready = len(self.out)
         self.dump(0)
-        self.e("LOAD", vsp=cm.v_pars[0], n=cm._layer_len, row=cm.layers[0].params, f32=1)
         for li, lr in enumerate(cm.layers):
             self.layer(li, lr)
         self.lm_head()
@@ -628,8 +696,7 @@ class _Emitter:
         cm, T = self.cm, self.T
         H, hdp, dq = cm.H, cm.hdp, cm.dq
         L, W = cm.L, cm.W
-        qS, fS = cm.qS, cm.fS
-        aS = _up(dq, W)
+        qS, fS, aS, dv, hvp = cm.qS, cm.fS, cm.aS, cm.dv, cm.hvp
         last = self.pos0 + T - 1
         residual, gelu = self.residual, self.gelu
         par = cm.v_pars[li % 2]
@@ -643,42 +710,54 @@ class _Emitter:
         # The KV caches, per layer the heads side by side so that one STORE per token
         # writes K (V) for every head. K: tile (head h, row block r, column block c) at
         # (r // G) * H * G * cbk + h * G * cbk + c * G + r % G (a head's tiles in its
-        # MATVEC's stream order within each group of G row blocks). V (V^T, hdp rows by
-        # positions): tile (h, row block j, column block c) at c * H * rbv + h * rbv + j.
-        cbk, rbv = hdp // W, hdp // L
+        # MATVEC's stream order within each group of G row blocks). V (V^T, hvp rows by
+        # positions): tile (h, row block j, column block c) at c * H * rbv + h * rbv + j,
+        # stored transposed (MATVEC.tt): a new position's L values in a tile are contiguous,
+        # one write beat, not L.
+        cbk, rbv = hdp // W, hvp // L
         kgrp = H * GROUP * cbk                  # rows of one group of row blocks, all heads
         ready = {}
 
         def store_k(t):
             p = self.pos0 + t
             r = p // L
-            self.e("STORE", vsp=cm.v_qkv + t * qS + dq, n=dq,
+            self.e("STORE", vsp=cm.v_qkv + t * qS + cm.k_off, n=dq,
                    row=lr.k + (r // GROUP) * kgrp + r % GROUP, off=(p % L) * 2 * W,
                    lepg=W.bit_length() - 1, lgpr=0, gstride=0, rstride=GROUP)
 
         def store_v(t):
             p = self.pos0 + t
-            self.e("STORE", vsp=cm.v_qkv + t * qS + 2 * dq, n=dq,
-                   row=lr.v + (p // W) * H * rbv, off=2 * (p % W), lepg=0,
-                   lgpr=L.bit_length() - 1, gstride=2 * W, rstride=1)
+            self.e("STORE", vsp=cm.v_qkv + t * qS + cm.v_off, n=dv,
+                   row=lr.v + (p // W) * H * rbv, off=2 * L * (p % W), lepg=L.bit_length() - 1,
+                   lgpr=0, gstride=0, rstride=1)
 
         def qkv_done(t, r, n):
             # A token's new K row goes into the cache as soon as c_attn's K rows are
             # final, its V column once the V rows are: the K MATVECs wait for them.
-            if r + n >= 2 * dq and ("k", t) not in ready:
+            if r + n >= cm.k_off + dq and ("k", t) not in ready:
                 store_k(t)
                 ready["k", t] = len(self.out)
-            if r + n >= 3 * dq and ("v", t) not in ready:
+            if r + n >= cm.v_off + dv and ("v", t) not in ready:
                 store_v(t)
                 ready["v", t] = len(self.out)
 
-        self.ln_matvec(lr.qkv, cm.v_qkv, qS, bqkv, qkv_done)
+        def first_params():
+            # Layer 0's parameters: c_attn's bias behind the first chunk's tiles (needed when
+            # that chunk is done), the rest later; the other layers' come in the layer before.
+            if li == 0:
+                self.e("LOAD", vsp=par, n=cm._layer_offsets[1], row=lr.params, f32=1)
+                self.w_ready = len(self.out)
+                if T == 1:
+                    self.vec("MASK", cm.v_mask, cm.v_mask, cm.nS, k=self.pos0)
+
+        self.ln_matvec(lr.qkv, cm.v_qkv, qS, bqkv, qkv_done, before=first_params)
         rbk = _up(-(-(last + 1) // L), GROUP)          # whole groups (rows past `last` masked)
         cbv = -(-(last + 1) // W)
         kseg = [[(lr.k + gi * kgrp + h * GROUP * cbk, GROUP * cbk) for gi in range(rbk // GROUP)]
                 for h in range(H)]
-        vseg = [[(lr.v + c * H * rbv + h * rbv, rbv) for c in range(cbv)] for h in range(H)]
-        self.kv_ready = max(ready["k", t] for t in range(T))
+        vgrp = min(rbv, 64 // T)         # V tiles in stream order: groups, then columns
+        vseg = [[(lr.v + c * H * rbv + h * rbv + g0, min(vgrp, rbv - g0))
+                 for g0 in range(0, rbv, vgrp) for c in range(cbv)] for h in range(H)]
         # Attention, heads side by side so that the units overlap: the matrix unit runs the
         # q.K^T of every head back to back while the vector unit takes each head's scores
         # as they come; exp and the fp16 conversions run once over all heads.
@@ -688,41 +767,45 @@ class _Emitter:
         sK = _up(rbk * L, W)
         HN = H * sK
         for t in range(T):
-            self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS, dq)
+            self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS + cm.q_off, dq)
+        # The K tiles stream from here (the K STOREs went out chunks ago: a WLOAD placed right
+        # behind them would hold in-order issue until they are done).
+        self.kv_ready = len(self.out)
         for h in range(H):
-            self.matvec((0, rbk, cbk), cm.x_q + h * hdp, dq, cm.v_sc + h * sK, HN, kv=kseg[h])
+            self.matvec((0, rbk, cbk), cm.x_q + h * hdp, dq, cm.v_sc + h * sK, HN, kv=kseg[h],
+                        bias=cm.v_mask if T == 1 else None)
+        if li == 0:
+            o = cm._layer_offsets[1]
+            self.e("LOAD", vsp=par + o, n=cm._layer_len - o, row=lr.params + o * 4 // cm.S, f32=1)
         ns = cbv * W
+        v_ready = []
         for h in range(H):
             for t in range(T):
                 s = cm.v_sc + t * HN + h * sK
                 m = self.scalar(t, 4 + h)
-                self.vec("MASK", s, s, ns, k=self.pos0 + t)
+                if T > 1:
+                    self.vec("MASK", s, s, ns, k=self.pos0 + t)
                 self.vec("REDMAX", m, s, ns)
                 self.vec("SUB", s, s, ns, src2=m, bcast=1)
-        self.kv_ready = len(self.out)      # (the V STOREs are done by now: their tiles
-        # stream from here, not earlier, where in-order issue would hold the K MATVECs
-        # behind WLOADs waiting for the STOREs)
+            # Head h's V tiles stream from here: the V STOREs are done by now (earlier, in-order
+            # issue would hold the K MATVECs behind WLOADs waiting for them), and spread over
+            # the heads, their WLOADs do not fill the read DMA's queue of four at once.
+            v_ready.append(len(self.out))
         # The probabilities' normalization is deferred past p.V: the V MATVECs take the
-        # unnormalized exp(s - max) (in (0, 1], as fp16), and each head's output is scaled
-        # by 1 / sum after. The sums and reciprocals then run on the vector unit while the
-        # matrix unit does p.V, instead of a pass over every head's scores before it.
+        # unnormalized exp(s - max) (in (0, 1], as fp16) and give each head's sum of them
+        # beside its output (the V rows of ones); one RECIP over the whole output takes the
+        # sums' reciprocals (the others go unused), and each head's output is scaled by its.
         self.vec("EXP", cm.v_sc, cm.v_sc, T * HN)
         self.vec("CVT16", cm.x_p, cm.v_sc, T * HN)
-        assert rbv <= 64 // T, "V cache layout: all row blocks of a head in one group"
         for h in range(H):
-            self.matvec((0, rbv, cbv), cm.x_p + h * sK, HN, cm.v_att + h * hdp, aS, group=rbv,
-                        kv=vseg[h])
-        # Each token's H sums are side by side (a reduction's word and a broadcast operand
-        # need no alignment): one RECIP takes them all.
-        for t in range(T):
-            z = self.scalar(t, 4 + H)
-            for h in range(H):
-                self.vec("REDSUM", z + h, cm.v_sc + t * HN + h * sK, ns)
-            self.vec("RECIP", z, z, H)
+            self.kv_ready = v_ready[h]
+            self.matvec((0, rbv, cbv), cm.x_p + h * sK, HN, cm.v_att + h * hvp, aS, group=vgrp,
+                        kv=vseg[h], tt=1)
+        self.vec("RECIP", cm.v_zinv, cm.v_att, T * aS)
         for h in range(H):
             for t in range(T):
-                a = cm.v_att + t * aS + h * hdp
-                self.vec("MUL", a, a, hdp, src2=self.scalar(t, 4 + H) + h, bcast=1)
+                a = cm.v_att + t * aS + h * hvp
+                self.vec("MUL", a, a, hdp, src2=cm.v_zinv + t * aS + h * hvp + hdp, bcast=1)
         self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
         self.projection(lr.proj, cm.x_att, aS, bproj, residual)
         if cm.param_areas == 2:

@@ -91,6 +91,10 @@ class CardModel:
         self.rate = cfg.hbm_channel_bytes_per_cycle / cfg.hbm_beat_bytes
         self.X = 1 + MUL16_LAT + tree_latency(self.W)
         self.lpr = max(1, self.L // self.P)
+        self.seg = c.vsp_words // c.vsp_segments      # VSP words per segment (one read a cycle)
+        self.beat = cfg.hbm_beat_bytes
+        # write beats in flight: max_outstanding per channel, each for the latency and a cycle
+        self.wr_gap = (self.lat + 2) / cfg.hbm.max_outstanding
 
     # -- durations of the vector unit -------------------------------------------------------
     def vec_cycles(self, f):
@@ -100,16 +104,40 @@ class CardModel:
         rows = -(-f["n"] // P)
         if f["vop"] in REDUCE_VOPS:
             cyc, left = 0, rows
+            first = True
             while True:                      # row-halving passes, at least one
                 h = (left + 1) // 2
-                cyc += h + lat + o.vec_pass
+                # the first reads both halves from the VSP: one segment, one read a cycle
+                cyc += h * (2 if first and left > 1 and self._same_seg(f["src1"], f["src1"] + f["n"] - 1)
+                            else 1) + lat + o.vec_pass
+                first = False
                 left = h
                 if left == 1:
                     break
             folds = int(math.log2(P)) if P > 1 else 0
             return cyc + folds * (1 + lat + o.vec_pass)
         extra = o.vec_bcast if (f["vop"] in BINARY_VOPS and f["bcast"]) else 0
+        if (f["vop"] in BINARY_VOPS and not f["bcast"] and f["src1"] != f["src2"]
+                and self._same_seg(f["src1"], f["src2"])):
+            rows *= 2                        # both operands through one segment's read port
         return rows + lat + o.vec_pass + extra
+
+    def _store_beats(self, f):
+        """Write beats a STORE sends to its busiest channel (each group's bytes in whole
+        beats, from the group's first byte)."""
+        z = 4 if f["f32"] else 2
+        epg, gpr = 1 << f["lepg"], 1 << f["lgpr"]
+        groups = -(-f["n"] // epg)
+        span = min(epg, f["n"]) * z
+        per = -(-span // self.beat)                        # beats per group
+        g = np.arange(min(groups, gpr))                    # a row's groups (every row alike)
+        first = (f["off"] + g * f["gstride"]) // self.beat
+        chans = np.concatenate([first + k for k in range(per)]) % (self.S // self.beat)
+        rows = -(-groups // gpr)
+        return int(np.bincount(chans).max()) * rows
+
+    def _same_seg(self, a, b):
+        return a // self.seg == b // self.seg
 
     # -- the program ---------------------------------------------------------------------------
     def run(self, words):
@@ -177,7 +205,9 @@ class CardModel:
                 busy["vpu"] += cyc
                 unit_free["vpu"] = done + o.vec_issue
             elif op == "STORE":
-                done = t + 1 + o.store_fixed + f["n"] + self.lat
+                # one element a cycle; single-beat writes, at most max_outstanding per channel
+                # awaiting their response
+                done = t + 1 + o.store_fixed + max(f["n"], self._store_beats(f) * self.wr_gap) + self.lat
                 unit_free["dma_wr"] = done + 1
             elif op in ("LOAD", "WLOAD"):
                 start = max(t + 1 + self.lat + o.dma_first, data_end + 1)

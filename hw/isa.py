@@ -95,6 +95,8 @@ FORMATS = (
         F("xstride", 16, "XB words from one token's input to the next"),
         F("dstride", 16, "VSP words from one token's output to the next"),
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),
+        F("tt", 1, "the tiles are stored transposed: element (r, c) of a tile at c*lanes + r "
+                   "(the V cache's layout, where a new position's column is contiguous)"),
     ), "For each token t and row r < rb*lanes: VSP[dst + t*dstride + r] = bias[r] + sum over "
        "column blocks c of tree(W[r, cW:(c+1)W] * XB[xb + t*xstride + cW : ...]), consuming "
        "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "

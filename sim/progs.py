@@ -147,7 +147,7 @@ class ProgramGen:
         dspan = (T - 1) * dstride + rb * L
         dst = self._aligned(dspan, P, self.vlimit)
         f = {"xb": xb, "dst": dst, "rb": rb, "cb": cb, "group": group, "tokens": T,
-             "xstride": xstride, "dstride": dstride}
+             "xstride": xstride, "dstride": dstride, "tt": int(r.random() < 0.3)}
         if r.random() < 0.5:
             if T == 1 and r.random() < 0.3:
                 f["bias"] = dst

@@ -36,7 +36,7 @@ NEG_ZERO = 0x80000000
 
 MatvecCmd = data.StructLayout({
     "xb": 16, "dst": 16, "bias": 16, "rb": 16, "cb": 12, "group": 8, "tokens": 4,
-    "xstride": 16, "dstride": 16, "bias_en": 1,
+    "xstride": 16, "dstride": 16, "bias_en": 1, "tt": 1,
 })
 
 
@@ -158,8 +158,12 @@ class Mpu(wiring.Component):
         tile = Signal(L * W * 16, reset_less=True)
         pop = step & need_tile
         m.d.comb += self.tiles.ready.eq(pop | (~active & self.discard))
+        # A transposed tile (MATVEC.tt) is put right as it is taken: element (r, c) from
+        # c * L + r (a fixed permutation of the wires).
+        tposed = Cat(*[self.tiles.payload[16 * (c * L + r):16 * (c * L + r + 1)]
+                       for r in range(L) for c in range(W)])
         with m.If(pop):
-            m.d.sync += tile.eq(self.tiles.payload)
+            m.d.sync += tile.eq(Mux(cmd.tt, tposed, self.tiles.payload))
         xrow = Signal(self.xb_row_bits)
         m.d.comb += xrow.eq((cmd.xb >> wshift) + t * (cmd.xstride >> wshift) + c)
         m.d.comb += self.xb.addr.eq(xrow)

@@ -99,6 +99,7 @@ class Vpu(wiring.Component):
         a_vsp = Signal()            # operand a from the VSP (else the scratch)
         a_base = Signal(self.row_bits)
         b_mode = Signal(2)          # 0 none, 1 VSP rows, 2 scratch rows, 3 broadcast
+        b_same = Signal()           # b is a (src2 == src1): read once, not twice from a segment
         b_base = Signal(self.row_bits)
         b_off = Signal(16)          # reductions: b row = i + b_off
         in_rows = Signal(16)
@@ -203,7 +204,7 @@ class Vpu(wiring.Component):
             with m.Elif(is_red):
                 m.d.comb += [a_j.eq(Mux(a_ok, av, ident)), b_j.eq(Mux(b_ok, bv, ident))]
             with m.Else():
-                bb = Mux(b_mode == 3, bval, bv)
+                bb = Mux(b_mode == 3, bval, Mux(b_same, av, bv))
                 m.d.comb += [a_j.eq(av), b_j.eq(Mux(cmd.vop == V["SUB"], bb ^ NEG_ZERO, bb))]
             lanes_a.append(a_j)
             lanes_b.append(b_j)
@@ -278,10 +279,11 @@ class Vpu(wiring.Component):
 
         # -- sequencing ------------------------------------------------------------------------
         def start_pass(**kv):
-            regs = {"a_vsp": a_vsp, "a_base": a_base, "b_mode": b_mode, "b_base": b_base,
-                    "b_off": b_off, "in_rows": in_rows, "out_rows": out_rows, "first": first,
+            regs = {"a_vsp": a_vsp, "a_base": a_base, "b_mode": b_mode, "b_same": b_same,
+                    "b_base": b_base, "b_off": b_off, "in_rows": in_rows, "out_rows": out_rows, "first": first,
                     "fold": fold, "fw": fw, "final": final, "target": target}
             stmts = [ri_a.eq(0), ri_b.eq(0), fi.eq(0), wi.eq(0), running.eq(1)]
+            kv.setdefault("b_same", 0)
             for k, v in kv.items():
                 stmts.append(regs[k].eq(v))
             return stmts
@@ -312,9 +314,10 @@ class Vpu(wiring.Component):
                     with m.Elif(_binary(c.vop) & c.bcast):
                         m.next = "BCAST"
                     with m.Else():
+                        same = _binary(c.vop) & (c.src2 == c.src1)
                         m.d.sync += start_pass(
-                            a_vsp=1, a_base=c.src1 >> shift,
-                            b_mode=Mux(_binary(c.vop), 1, 0), b_base=c.src2 >> shift, b_off=0,
+                            a_vsp=1, a_base=c.src1 >> shift, b_same=same,
+                            b_mode=Mux(_binary(c.vop) & ~same, 1, 0), b_base=c.src2 >> shift, b_off=0,
                             in_rows=nrows_c, out_rows=nrows_c, first=0, fold=0, fw=P, final=0,
                             target=Mux(c.vop == V["CVT16"], 1, 0))
                         m.next = "ELEM"

@@ -199,6 +199,8 @@ class Iss:
             raise IssError("WEIGHT_UNDERFLOW")
         tiles = self.fifo[:rb * cb]
         del self.fifo[:rb * cb]
+        if i.tt:            # stored column-major: element (r, c) at c * L + r
+            tiles = [t.reshape(W, L).T for t in tiles]
         # Tile k of the stream is (row block r, column block c) in group-major order.
         w = np.empty((rb, cb, L, W), np.uint16)
         k = 0

@@ -192,8 +192,6 @@ class CompiledModel:
         # Tokens per step: as many as the on-chip buffers hold, at most 8 (the ISA's limit),
         # chosen for the largest share so that every card of the appliance steps alike (each
         # card then places its own, smaller or equal, buffers).
-        self._tmp_in_h = all(_up(F, L) >= _up(F, W) >= self.dS
-                             for F in (_share(sh.d_ff, cards, i)[1] for i in range(cards)))
         self._shares(self.Hmax, -(-sh.d_ff // cards), vl)
         # Two parameter areas (the next layer's parameters load while this layer runs) where
         # they fit, else one (the load waits for the layer's last use of its parameters). Two
@@ -377,7 +375,6 @@ class CompiledModel:
         self.v_const = v(self.P)
         self.v_mask = v(self.nS)      # decode: 0 up to the step's position, -inf past it
         self.v_x = v(T * self.dS)
-        self.v_a = v(T * self.dS)
         self.v_y = v(_up(T * self.dS, self.B), avoid=[self.v_x])   # all-reduced in place
         self.v_yb = v(T * self.dS, avoid=[self.v_x, self.v_y])      # mlp.c_proj's second part
         self.v_qkv = v(T * self.qS)
@@ -385,11 +382,12 @@ class CompiledModel:
         self.v_att = v(T * self.aS)
         self.v_zinv = v(T * self.aS)
         self.v_h = v(T * self.fS)
-        # LayerNorm's scratch (squares) lives in the MLP's hidden buffer where c_fc's rows
-        # cover a token's whole stride (no tail for the GELU pass past its last row block to
-        # find the squares in) on every card, and that stride holds d_model: the LayerNorms
-        # run before c_fc writes it and after mlp.c_proj has read its fp16 copy (x_h).
-        self.v_tmp = self.v_h if self._tmp_in_h else v(self.dS)
+        # The LayerNorms' statistics write these beside the MATVEC writing its output: away
+        # from the matrix unit's outputs where room allows (a segment takes one write a
+        # cycle, and the vector unit's go first).
+        outs = [self.v_qkv, self.v_h, self.v_y, self.v_yb]
+        self.v_a = v(T * self.dS, avoid=outs)                       # x - mean, squared
+        self.v_scal = v((4 + 2 * self._Hbuf) * T * self.P, avoid=outs)
         # (c_attn's bias first, up to a stripe boundary: layer 0 loads it alone, first)
         self.par_align = int(np.lcm(self.P, self.S // 4))
         plen = _up(self.qS, self.par_align) + sum(_up(n, self.P) for n in (d, F, d))
@@ -398,7 +396,6 @@ class CompiledModel:
         a = v(plen, avoid=[self.v_y, self.v_qkv, self.v_h])
         self.v_pars = (a, v(plen, avoid=[self.v_y, self.v_qkv, self.v_h])
                        if self.param_areas == 2 else a)
-        self.v_scal = v((4 + 2 * self._Hbuf) * T * self.P)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
             self.v_hbias = v(self.vS)
@@ -634,22 +631,6 @@ class _Emitter:
 
         return self.matvec(m, cm.x_a, dS, dst, dstride, first=stats, then=finish,
                            defer_last=defer_last, tokens=len(toks), **kw)
-
-    def layer_norm(self, t, src, dst, g, b):
-        cm, d = self.cm, self.cm.sh.d_model
-        s0, s1 = self.scalar(t, 0), self.scalar(t, 1)
-        inv_d, eps = cm.v_const, cm.v_const + 1
-        self.vec("REDSUM", s0, src, d)
-        self.vec("MUL", s0, s0, 1, src2=inv_d, bcast=1)
-        self.vec("SUB", dst, src, d, src2=s0, bcast=1)
-        self.vec("MUL", cm.v_tmp, dst, d, src2=dst)
-        self.vec("REDSUM", s1, cm.v_tmp, d)
-        self.vec("MUL", s1, s1, 1, src2=inv_d, bcast=1)
-        self.vec("ADD", s1, s1, 1, src2=eps, bcast=1)
-        self.vec("RSQRT", s1, s1, 1)
-        self.vec("MUL", dst, dst, d, src2=s1, bcast=1)
-        self.vec("MUL", dst, dst, d, src2=g)
-        self.vec("ADD", dst, dst, d, src2=b)
 
     def program(self):
         cm, sh, dS, d = self.cm, self.cm.sh, self.cm.dS, self.cm.sh.d_model

@@ -50,3 +50,16 @@ def test_cli_emit(tmp_path, capsys):
     assert (tmp_path / "hbm_reader.v").exists()
     rc = main(["emit", str(ROOT / "configs" / "tiny.yaml"), "-o", str(tmp_path), "--top", "nope"])
     assert rc == 2 and "--top: got 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["tiny", "medium"])
+def test_issue_stage_without_ring_links(name):
+    """A card of one (no ring links, no collective unit: medium as shipped, tiny at cards 1)
+    elaborates: its Issue stage once read the collective unit's error pc unconditionally, and
+    only the whole card's build of medium showed it."""
+    from amaranth.back import rtlil
+    from hw.core.issue import Issue
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml").replace(cards=1)
+    assert not cfg.ring_links
+    text = rtlil.convert(Issue(cfg), name="issue")
+    assert "coll_err" not in text

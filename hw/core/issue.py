@@ -384,6 +384,7 @@ class Issue(wiring.Component):
 
         # -- run / stop ---------------------------------------------------------------------------
         coll_err = self.coll_err if self.ring else Const(0, 1)
+        coll_err_pc = self.coll_err_pc if self.ring else Const(0, 24)   # (no unit: never read)
 
         def stop_with(code, pc):
             code = Const(code, 4) if isinstance(code, int) else code
@@ -398,7 +399,7 @@ class Issue(wiring.Component):
             with m.If(self.axi_err):
                 m.d.sync += stop_with(E["AXI_ERROR"], dq.pc)
             with m.Elif(coll_err):
-                m.d.sync += stop_with(E["RING_ERROR"], self.coll_err_pc)
+                m.d.sync += stop_with(E["RING_ERROR"], coll_err_pc)
             with m.Elif(dv & (err != 0)):
                 m.d.sync += stop_with(err, dq.pc)
             with m.Elif(dv & (kind == KIND["HALT"]) & empty):
@@ -410,7 +411,7 @@ class Issue(wiring.Component):
             with m.If(self.axi_err & (status[0:4] == 0)):
                 m.d.sync += status[0:4].eq(E["AXI_ERROR"])
             with m.Elif(coll_err & (status[0:4] == 0)):
-                m.d.sync += status.eq(Cat(Const(E["RING_ERROR"], 8), self.coll_err_pc))
+                m.d.sync += status.eq(Cat(Const(E["RING_ERROR"], 8), coll_err_pc))
             with m.If(empty & self.quiet):
                 m.d.sync += state_stop.eq(0)
                 m.d.comb += self.finish.eq(1)

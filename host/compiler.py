@@ -374,7 +374,7 @@ class CompiledModel:
         v = Vsp(c.vsp_words, self.P, "VSP", c.vsp_words // c.vsp_segments)
         self.v_const = v(self.P)
         self.v_mask = v(self.nS)      # decode: 0 up to the step's position, -inf past it
-        self.v_x = v(T * self.dS)
+        self.v_x = v(_up(T * self.dS, self.B))     # (an all-reduce's result: whole beats)
         self.v_y = v(_up(T * self.dS, self.B), avoid=[self.v_x])   # all-reduced in place
         self.v_yb = v(T * self.dS, avoid=[self.v_x, self.v_y])      # mlp.c_proj's second part
         self.v_qkv = v(T * self.qS)
@@ -870,22 +870,29 @@ class _Emitter:
     def projection(self, m, xb, xstride, bias, residual, first=None):
         """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
         the residual follows each finished chunk; on several, every card holds a partial sum
-        in v_y: add them up over the ring (in place), then the bias once, then the residual.
+        in v_y: add them up over the ring, then the bias once, then the residual. In decode
+        the bias and the residual ride in the partial sums: card 0's MATVEC starts from x
+        (its bias operand), card 1's from the bias, and the all-reduce writes the new x.
         ``m`` may be a list of (matrix, first column): parts by columns, the first into v_y,
         the second into v_yb, added up; ``first()`` is emitted after the first MATVEC."""
         cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
         parts = m if isinstance(m, list) else [(m, 0)]
         assert len(parts) <= 2
         bufs = [cm.v_y, cm.v_yb]
+        one = cm.cards == 1
+        fold = not one and T == 1             # (a MATVEC's bias is one vector for all tokens)
+        first_bias = bias if one else {0: cm.v_x, 1: bias}.get(cm.card) if fold else None
         for k, (mk, c0) in enumerate(parts):
-            one = cm.cards == 1
-            self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=bias if one and k == 0 else None,
+            self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=first_bias if k == 0 else None,
                         then=(lambda t, r, n, y=bufs[k]: residual(t, r, n, y)) if one else None,
                         first=first if k == 0 else None)
-        if cm.cards == 1:
+        if one:
             return
         if len(parts) == 2:
             self.vec("ADD", cm.v_y, cm.v_y, T * dS, src2=cm.v_yb)
+        if fold:
+            self.e("COLL", cop=2, src=cm.v_y, dst=cm.v_x, n=T * dS)
+            return
         self.e("COLL", cop=2, src=cm.v_y, dst=cm.v_y, n=T * dS)
         for t in range(T):
             y = cm.v_y + t * dS

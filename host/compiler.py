@@ -198,9 +198,11 @@ class CompiledModel:
         # areas at fewer tokens per step come first: they keep a LOAD per layer off the
         # critical path of every decode step, while more tokens per step buy prefill little
         # (no weight reuse yet).
-        tries = [(a, T) for a in ([param_areas] if param_areas else [2, 1])
+        # Placing buffers apart by VSP segment (Vsp's avoid) leaves holes: where nothing fits
+        # with it, the buffers are placed without it.
+        tries = [(a, T, s) for s in (True, False) for a in ([param_areas] if param_areas else [2, 1])
                  for T in ([max_tokens] if max_tokens else range(8, 0, -1))]
-        for k, (self.param_areas, self.T) in enumerate(tries):
+        for k, (self.param_areas, self.T, self._by_segment) in enumerate(tries):
             try:
                 self._alloc_onchip()
                 break
@@ -371,7 +373,8 @@ class CompiledModel:
     def _alloc_onchip(self):
         c, sh, T = self.cfg.core, self.sh, self.T
         d, F = sh.d_model, self._Fbuf
-        v = Vsp(c.vsp_words, self.P, "VSP", c.vsp_words // c.vsp_segments)
+        v = Vsp(c.vsp_words, self.P, "VSP",
+                c.vsp_words // c.vsp_segments if self._by_segment else c.vsp_words)
         self.v_const = v(self.P)
         self.v_mask = v(self.nS)      # decode: 0 up to the step's position, -inf past it
         self.v_x = v(_up(T * self.dS, self.B))     # (an all-reduce's result: whole beats)
@@ -380,7 +383,8 @@ class CompiledModel:
         self.v_qkv = v(T * self.qS)
         self.v_sc = v(T * self._Hbuf * self.nS)
         self.v_att = v(T * self.aS)
-        self.v_zinv = v(T * self.aS)
+        # The softmax sums' reciprocals go over the scores (dead once converted for p.V).
+        self.v_zinv = self.v_sc if self._Hbuf * self.nS >= self.aS else v(T * self.aS)
         self.v_h = v(T * self.fS)
         # The LayerNorms' statistics write these beside the MATVEC writing its output: away
         # from the matrix unit's outputs where room allows (a segment takes one write a

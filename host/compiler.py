@@ -5,12 +5,19 @@ Layouts (L lanes, W width, G = 8 row blocks per group):
 - a weight matrix [out, in] is padded to whole L x W tiles and stored in the MATVEC stream
   order for groups of G row blocks: for each group, column block by column block, row block
   by row block; one tile per stripe row;
-- the K cache of a head is a matrix [position, head_dim] in row-block-major tiles, so that a
-  new position appends W-element groups (one per column block) to one lane of a tile;
-- the V cache of a head is stored transposed, [head_dim, position], in column-block-major
-  tiles (group = all row blocks), so that new positions append whole tiles at the end;
-- q is pre-scaled by 1/sqrt(head_dim) in the weights (exact when head_dim is a power of 4);
-- parameters (LayerNorm, biases) and constants are fp32, loaded with LOAD.f32.
+- the K caches of a layer (per head a matrix [position, head_dim]) in row-block-major tiles,
+  the heads side by side within each group of G row blocks, so that one STORE writes a new
+  position's K for every head (W-element groups into one lane of a tile per column block);
+- the V caches of a layer (per head [hdp + L, position], transposed, with a row of ones that
+  makes p.V give the softmax's sum) in column-block-major tiles, the heads side by side and
+  each tile stored transposed (MATVEC.tt), so that one STORE writes a new position's V for
+  every head, one write beat per tile;
+- c_attn, c_fc and the LM head carry the LayerNorm before them (fold_layer_norm); q is
+  pre-scaled by 1/sqrt(head_dim) in the weights (exact when head_dim is a power of 4);
+- parameters (biases) and constants are fp32, loaded with LOAD.f32.
+
+The step's schedule (which vector work runs beside which MATVEC, where LOADs and STOREs go)
+is described in docs/architecture.md.
 
 Prefetch: matrices are cut into MATVECs of at most half the weight FIFO (whole groups), and
 each MATVEC's WLOAD is placed as early as the ISA allows: in MATVEC order, once its data are

@@ -119,7 +119,6 @@ class Vsp:
         self.words, self.align, self.what = words, align, what
         self.segment = segment or words
         self.used = {}                      # start -> end
-        self.next = 0                       # the highest end so far
 
     def _segs(self, a, n):
         return set(range(a // self.segment, (a + max(n, 1) - 1) // self.segment + 1))
@@ -139,7 +138,6 @@ class Vsp:
             raise UserError(f"model: needs more than the {self.words} {self.what} words this "
                             f"build has (core.{'vsp' if self.what == 'VSP' else 'xb'}_words)")
         self.used[a] = a + n
-        self.next = max(self.next, a + n)
         return a
 
 
@@ -358,10 +356,10 @@ class CompiledModel:
         fa = (-(-rb // per) - 1) * per * L
         return fa if 0 < fa < F and fa % W == 0 else F
 
-    def chunk_blocks(self, cb):
+    def chunk_blocks(self, cb, group=GROUP):
         """Row blocks per MATVEC chunk of a weight matrix of ``cb`` column blocks: whole
         groups, at most half the weight FIFO (_Emitter.matvec)."""
-        return max(1, (self.cfg.core.weight_fifo_tiles // 2) // (GROUP * cb)) * GROUP
+        return max(1, (self.cfg.core.weight_fifo_tiles // 2) // (group * cb)) * group
 
     def _param_vector(self, parts, first_align=None):
         """fp32 vector of parts, each starting at a multiple of P (the VSP offsets match), the
@@ -404,9 +402,9 @@ class CompiledModel:
         plen = _up(self.qS, self.par_align) + sum(_up(n, self.P) for n in (d, F, d))
         # Two parameter areas, alternate layers: the next layer's LOAD does not wait for the
         # last readers of this layer's parameters. One where two do not fit.
-        a = v(plen, avoid=[self.v_y, self.v_qkv, self.v_h])
-        self.v_pars = (a, v(plen, avoid=[self.v_y, self.v_qkv, self.v_h])
-                       if self.param_areas == 2 else a)
+        readers = [self.v_y, self.v_qkv, self.v_h]               # their ADDs read the biases
+        a = v(plen, avoid=readers)
+        self.v_pars = (a, v(plen, avoid=readers) if self.param_areas == 2 else a)
         if self.all_logits:
             self.v_logits = v(T * self.vS)
             self.v_hbias = v(self.vS)
@@ -433,7 +431,7 @@ class CompiledModel:
                 except UserError:
                     if not strict and self.chunk <= unit:
                         raise
-            v.used, v.next = trial.used, trial.next
+            v.used = trial.used
             self.v_logits, self.v_hbias = logits, hbias
         xb = Vsp(c.xb_words, self.W, "XB")
         self.x_a = xb(T * self.dS)
@@ -562,7 +560,7 @@ class _Emitter:
                 raise UserError(f"model: one group of {group} row blocks of a {rb * self.cm.L} x "
                                 f"{cb * self.cm.W} matrix is {per_group} tiles, more than the weight "
                                 f"FIFO's {depth} (core.weight_fifo_tiles)")
-            per = self.cm.chunk_blocks(cb) if group == GROUP else max(1, (depth // 2) // per_group) * group
+            per = self.cm.chunk_blocks(cb, group)
             chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
         L = self.cm.L
         prev = None
@@ -599,6 +597,11 @@ class _Emitter:
         head h's max, 4 + H on: the heads' softmax sums, side by side."""
         return self.cm.v_scal + ((4 + 2 * self.cm.H) * t + k) * self.cm.P
 
+    def ln_fixup(self, t, y, n, bias):
+        """y[0:n] = r y + bias[0:n], r token t's 1 / sqrt(var + eps) (ln_matvec)."""
+        self.vec("MUL", y, y, n, src2=self.scalar(t, 1), bcast=1)
+        self.vec("ADD", y, y, n, src2=bias)
+
     def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, before=None,
                   **kw):
         """LayerNorm of the residual stream x followed by matrix ``m`` (its LayerNorm folded
@@ -606,7 +609,7 @@ class _Emitter:
         r = 1 / sqrt(var + eps) of each token run on the vector unit beside the first chunk;
         each finished chunk of rows becomes r z + bias (then ``then(t, row0, rows)``).
         ``toks``: the tokens (default all) whose x go in, as the MATVEC's tokens 0, 1, ...;
-        ``bias(r)`` or ``bias + r``: the VSP word of the bias for output row r."""
+        ``bias + r``: the VSP word of the bias for output row r."""
         cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
         inv_d, eps = cm.v_const, cm.v_const + 1
         toks = list(range(T)) if toks is None else toks
@@ -635,9 +638,7 @@ class _Emitter:
                 self.vec("MUL", s1, s1, 1, src2=inv_d, bcast=1)
                 self.vec("ADD", s1, s1, 1, src2=eps, bcast=1)
                 self.vec("RSQRT", s1, s1, 1)
-            y = dst + j * dstride + r
-            self.vec("MUL", y, y, n, src2=self.scalar(t, 1), bcast=1)
-            self.vec("ADD", y, y, n, src2=bias(r) if callable(bias) else bias + r)
+            self.ln_fixup(t, dst + j * dstride + r, n, bias + r)
             then(j, r, n)
 
         return self.matvec(m, cm.x_a, dS, dst, dstride, first=stats, then=finish,
@@ -690,7 +691,7 @@ class _Emitter:
         L, W = cm.L, cm.W
         qS, fS, aS, dv, hvp = cm.qS, cm.fS, cm.aS, cm.dv, cm.hvp
         last = self.pos0 + T - 1
-        residual, gelu = self.residual, self.gelu
+        gelu = self.gelu
         par = cm.v_pars[li % 2]
         bqkv, bproj, bfc, bfc2 = (par + o for o in cm._layer_offsets)
 
@@ -708,7 +709,7 @@ class _Emitter:
         # one write beat, not L.
         cbk, rbv = hdp // W, hvp // L
         kgrp = H * GROUP * cbk                  # rows of one group of row blocks, all heads
-        ready = {}
+        stored = set()                          # ("k" or "v", token) already STOREd
 
         def store_k(t):
             p = self.pos0 + t
@@ -726,12 +727,12 @@ class _Emitter:
         def qkv_done(t, r, n):
             # A token's new K row goes into the cache as soon as c_attn's K rows are
             # final, its V column once the V rows are: the K MATVECs wait for them.
-            if r + n >= cm.k_off + dq and ("k", t) not in ready:
+            if r + n >= cm.k_off + dq and ("k", t) not in stored:
                 store_k(t)
-                ready["k", t] = len(self.out)
-            if r + n >= cm.v_off + dv and ("v", t) not in ready:
+                stored.add(("k", t))
+            if r + n >= cm.v_off + dv and ("v", t) not in stored:
                 store_v(t)
-                ready["v", t] = len(self.out)
+                stored.add(("v", t))
 
         def first_params():
             # Layer 0's parameters: c_attn's bias behind the first chunk's tiles (needed when
@@ -799,7 +800,7 @@ class _Emitter:
                 a = cm.v_att + t * aS + h * hvp
                 self.vec("MUL", a, a, hdp, src2=cm.v_zinv + t * aS + h * hvp + hdp, bcast=1)
         self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
-        self.projection(lr.proj, cm.x_att, aS, bproj, residual)
+        self.projection(lr.proj, cm.x_att, aS, bproj)
         if cm.param_areas == 2:
             # Into the other area, while this layer runs: here, where the weight FIFO is
             # full with c_fc's tiles and the read DMA would idle through the LayerNorm (a
@@ -829,10 +830,10 @@ class _Emitter:
                     gelu(t, lr.fc[1] * L, fS - lr.fc[1] * L)
 
         if len(lr.fc2) == 2:     # after the first part's first MATVEC: it does not read them
-            self.projection(lr.fc2, cm.x_h, fS, bfc2, residual, first=fc_tail)
+            self.projection(lr.fc2, cm.x_h, fS, bfc2, first=fc_tail)
         else:                    # (in-order issue: a later writer would not hold it back)
             fc_tail()
-            self.projection(lr.fc2, cm.x_h, fS, bfc2, residual)
+            self.projection(lr.fc2, cm.x_h, fS, bfc2)
         if cm.param_areas == 1:     # over this layer's, after their last use
             next_params()
         self.dump(li + 1)
@@ -870,15 +871,13 @@ class _Emitter:
                                    toks=[T - 1])
                 else:      # (the statistics are done: the fix-up alone)
                     def fix(j, r, rows, buf=buf, hb=hb, store=store):
-                        y = buf + r
-                        self.vec("MUL", y, y, rows, src2=self.scalar(T - 1, 1), bcast=1)
-                        self.vec("ADD", y, y, rows, src2=hb + r)
+                        self.ln_fixup(T - 1, buf + r, rows, hb + r)
                         store(j, r, rows)
 
                     self.matvec((head_row + r0 * head_cb, n, head_cb), cm.x_a, 0, buf, 0,
                                 tokens=1, then=fix)
 
-    def projection(self, m, xb, xstride, bias, residual, first=None):
+    def projection(self, m, xb, xstride, bias, first=None):
         """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
         the residual follows each finished chunk; on several, every card holds a partial sum
         in v_y: add them up over the ring, then the bias once, then the residual. In decode
@@ -895,7 +894,7 @@ class _Emitter:
         first_bias = bias if one else {0: cm.v_x, 1: bias}.get(cm.card) if fold else None
         for k, (mk, c0) in enumerate(parts):
             self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=first_bias if k == 0 else None,
-                        then=(lambda t, r, n, y=bufs[k]: residual(t, r, n, y)) if one else None,
+                        then=(lambda t, r, n, y=bufs[k]: self.residual(t, r, n, y)) if one else None,
                         first=first if k == 0 else None)
         if one:
             return

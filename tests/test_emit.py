@@ -58,6 +58,7 @@ def test_issue_stage_without_ring_links(name):
     elaborates: its Issue stage once read the collective unit's error pc unconditionally, and
     only the whole card's build of medium showed it."""
     from amaranth.back import rtlil
+
     from hw.core.issue import Issue
     cfg = load_config(ROOT / "configs" / f"{name}.yaml").replace(cards=1)
     assert not cfg.ring_links

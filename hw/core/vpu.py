@@ -280,8 +280,8 @@ class Vpu(wiring.Component):
         # -- sequencing ------------------------------------------------------------------------
         def start_pass(**kv):
             regs = {"a_vsp": a_vsp, "a_base": a_base, "b_mode": b_mode, "b_same": b_same,
-                    "b_base": b_base, "b_off": b_off, "in_rows": in_rows, "out_rows": out_rows, "first": first,
-                    "fold": fold, "fw": fw, "final": final, "target": target}
+                    "b_base": b_base, "b_off": b_off, "in_rows": in_rows, "out_rows": out_rows,
+                    "first": first, "fold": fold, "fw": fw, "final": final, "target": target}
             stmts = [ri_a.eq(0), ri_b.eq(0), fi.eq(0), wi.eq(0), running.eq(1)]
             kv.setdefault("b_same", 0)
             for k, v in kv.items():

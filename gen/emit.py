@@ -3,7 +3,7 @@
 import hashlib
 from pathlib import Path
 
-from .tops import TOPS, build_top
+from .tops import TOPS, build_top, top_key
 from .verilog import PortDirection, flat_ports, to_verilog
 
 __all__ = ["emit", "port_table"]
@@ -30,7 +30,7 @@ def emit(cfg, outdir, *, tops=None):
     sections = []
     for name in names:
         component = build_top(name, cfg)
-        text = to_verilog(component, name)
+        text = to_verilog(component, name, cache_key=top_key(name, cfg))
         path = outdir / f"{name}.v"
         _write_if_changed(path, text)
         written[name] = path

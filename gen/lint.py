@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sim.toolchain import verilator_env, verilator_root
 
-from .tops import TOPS, build_top
+from .tops import TOPS, build_top, top_key
 from .verilog import to_verilog
 
 __all__ = ["lint", "LINT_VLT"]
@@ -28,7 +28,8 @@ def lint(cfg, outdir, *, tops=None):
     results = {}
     for name in (tops or TOPS):
         path = outdir / f"{name}.v"
-        path.write_text(to_verilog(build_top(name, cfg), name, purge=True))
+        path.write_text(to_verilog(build_top(name, cfg), name, purge=True,
+                                   cache_key=top_key(name, cfg)))
         proc = subprocess.run(
             [str(verilator_root() / "bin" / "verilator"), "--lint-only", "-Wall", "--top-module", name,
              str(LINT_VLT), str(path)],

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """``gptfpga package``: the card kernel as a Vitis RTL kernel for the Alveo U280.
 
 Writes, under ``build/<config>/vitis/``:
@@ -193,12 +194,12 @@ def verilog_ports(text, module):
 
 
 def package(cfg, outdir):
-    from .tops import VitisCard
+    from .tops import VitisCard, top_key
     from .verilog import to_verilog
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     top = VitisCard(cfg)
-    text = to_verilog(top, KERNEL)
+    text = to_verilog(top, "card", module=KERNEL, cache_key=top_key("card", cfg))
     ports = port_table(top)
     files = {f"{KERNEL}.v": text, "kernel.xml": kernel_xml(cfg, ports),
              "package_kernel.tcl": package_tcl(cfg, ports), "link.cfg": link_cfg(cfg),

@@ -1,8 +1,11 @@
+# amaranth: UnusedElaboratable=no
 """The tops a config is emitted as: each a name and a builder of its Amaranth component.
 
 Every top here is a block the card kernel uses, emitted alone too so that it can be tested
 and synthesized on its own.
 """
+
+import json
 
 from amaranth.hdl import ClockDomain, ClockSignal, Module, ResetSignal
 from amaranth.lib import wiring
@@ -84,3 +87,9 @@ TOPS = {
 
 def build_top(name, cfg):
     return TOPS[name](cfg)
+
+
+def top_key(name, cfg, **kwargs):
+    """What :func:`gen.verilog.to_verilog` caches the RTLIL of top ``name`` of ``cfg`` under
+    (``kwargs``: the top's constructor arguments beyond the config, e.g. the card's watchdog)."""
+    return json.dumps([name, cfg.to_json(), sorted(kwargs.items())])

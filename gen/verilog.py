@@ -1,12 +1,32 @@
-"""Amaranth component -> Verilog, with flat, Vitis-style port names."""
+"""Amaranth component -> Verilog, with flat, Vitis-style port names.
 
+Turning a whole card into RTLIL is Amaranth's slow part (about 70 s for the tiny card; Yosys
+then writes the Verilog in a few seconds), and one test run needs the same card's netlist
+several times (emitted, linted, Verilated, packaged for Vitis). A caller that can name what
+it built passes ``cache_key``: the RTLIL is then kept in ``build/rtlil/``, keyed by that
+name, the module name and a hash of every source file of ``hw/`` and ``gen/`` and the Amaranth
+version, so any edit to the hardware or the generator makes a new entry. On a hit the component
+is never elaborated: the files that build tops for this (gen/tops.py, gen/package.py,
+sim/system.py, sim/fabric.py) turn Amaranth's UnusedElaboratable warning off on their first line.
+"""
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import amaranth
 from amaranth._toolchain.yosys import find_yosys
-from amaranth.back import rtlil, verilog
+from amaranth.back import rtlil
 from amaranth.hdl import Signal, Value, ValueCastable
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 
 __all__ = ["PortDirection", "flat_ports", "to_verilog"]
+
+ROOT = Path(__file__).resolve().parent.parent
+RTLIL_CACHE = ROOT / "build" / "rtlil"
+RTLIL_CACHE_ENTRIES = 16          # the oldest entries beyond this many are removed
 
 
 def flat_ports(component, sep="_"):
@@ -36,7 +56,35 @@ def flat_ports(component, sep="_"):
     return ports
 
 
-def to_verilog(component, name, *, extra_ports=None, purge=False):
+def _sources_digest():
+    h = hashlib.sha256(amaranth.__version__.encode())
+    for f in sorted([*(ROOT / "hw").rglob("*.py"), *(ROOT / "gen").rglob("*.py")]):
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _rtlil(component, name, ports, cache_key):
+    if cache_key is None:
+        return rtlil.convert(component, name=name, ports=ports, emit_src=False)
+    key = hashlib.sha256(f"{_sources_digest()}|{name}|{cache_key}".encode()).hexdigest()[:24]
+    path = RTLIL_CACHE / f"{name}-{key}.il"
+    if path.exists():
+        os.utime(path)
+        return path.read_text()
+    text = rtlil.convert(component, name=name, ports=ports, emit_src=False)
+    RTLIL_CACHE.mkdir(parents=True, exist_ok=True)
+    # Written whole, then renamed: a concurrent reader sees the old state or the new file.
+    with tempfile.NamedTemporaryFile("w", dir=RTLIL_CACHE, suffix=".tmp", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)
+    entries = sorted(RTLIL_CACHE.glob("*.il"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in entries[RTLIL_CACHE_ENTRIES:]:
+        old.unlink(missing_ok=True)
+    return text
+
+
+def to_verilog(component, name, *, extra_ports=None, purge=False, cache_key=None, module=None):
     """Verilog text of ``component`` as module ``name``.
 
     ``extra_ports`` adds ``{name: (signal, direction)}`` entries (e.g. a Vitis top's
@@ -45,16 +93,27 @@ def to_verilog(component, name, *, extra_ports=None, purge=False):
     ``purge=True`` also removes the wires Amaranth keeps only as debug names (every named
     signal and struct field gets one, most unused by the logic): the netlist is the same, and
     Verilator's unused-signal lint then speaks only of real dead logic. Used by ``lint``.
+
+    ``cache_key`` (a string naming how ``component`` was built, extra ports included) keeps
+    the RTLIL for the next call with the same key and sources (see the module's docstring).
+    ``module`` renames the top module only (submodules keep ``name.`` as their prefix), so one
+    cached netlist serves under two top names.
     """
     ports = flat_ports(component)
     if extra_ports:
         ports.update(extra_ports)
-    if not purge:
-        return verilog.convert(component, name=name, ports=ports, emit_src=False)
-    text = rtlil.convert(component, name=name, ports=ports, emit_src=False)
+    text = _rtlil(component, name, ports, cache_key)
+    if module is not None and module != name:
+        # Amaranth's built-in Yosys has no `rename`; the top's name appears once, in its header.
+        header = f"\nmodule \\{name}\n"
+        assert text.count(header) == 1, name
+        text = text.replace(header, f"\nmodule \\{module}\n")
     yosys = find_yosys(lambda ver: ver >= (0, 40))
-    # Full `proc` (not Amaranth's `proc -nomux -norom`): opt_clean skips modules that still
-    # hold processes.
-    script = [f"read_rtlil <<rtlil\n{text}\nrtlil", "proc", "memory_collect",
-              "opt_clean -purge", "write_verilog -norename"]
+    # Amaranth's own script (amaranth.back.verilog), or for purge=True a full `proc`:
+    # opt_clean skips modules that still hold processes.
+    script = [f"read_rtlil <<rtlil\n{text}\nrtlil", "proc" if purge else "proc -nomux -norom",
+              "memory_collect"]
+    if purge:
+        script.append("opt_clean -purge")
+    script.append("write_verilog -norename")
     return yosys.run(["-q", "-"], "\n".join(script), ignore_warnings=True)

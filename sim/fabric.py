@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """The N-card fabric in Verilator: collective nodes joined by link models (sim/cpp/fabric_sim.cpp).
 
 ``run_collective`` runs one collective on random inputs, checks every card's result against
@@ -78,9 +79,10 @@ def build_fabric(params, *, log=None):
     from gen.emit import port_table
     from gen.verilog import to_verilog
     from hw.collective.node import CollNode
-    node = CollNode(data_bits=params.data_bits, frame_beats=params.frame_beats, window=params.rx_frames,
-                    rx_frames=params.rx_frames, timeout=params.timeout, retries=params.retries)
-    verilog = to_verilog(node, "node")
+    kwargs = dict(data_bits=params.data_bits, frame_beats=params.frame_beats, window=params.rx_frames,
+                  rx_frames=params.rx_frames, timeout=params.timeout, retries=params.retries)
+    node = CollNode(**kwargs)
+    verilog = to_verilog(node, "node", cache_key=json.dumps(sorted(kwargs.items())))
     ports = {name: bits for name, _d, bits in port_table(node)}
     header = _ports_header(ports, params.data_bits)
     h = hashlib.sha256()

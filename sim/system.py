@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """The card in Verilator behind the Device interface, alone or N of them in a ring.
 
 ``build_card(cfg)`` emits the card's Verilog, generates the port bindings of the C++ harness
@@ -106,12 +107,12 @@ def build_card(cfg, *, log=None, watchdog=None):
 
 def _build_card(cfg, *, log=None, watchdog=None):
     from gen.emit import port_table
-    from gen.tops import VitisCard
+    from gen.tops import VitisCard, top_key
     from gen.verilog import to_verilog
 
     kwargs = {} if watchdog is None else {"watchdog": watchdog}
     top = VitisCard(cfg, **kwargs)
-    verilog = to_verilog(top, "card")
+    verilog = to_verilog(top, "card", cache_key=top_key("card", cfg, **kwargs))
     ports = {name: bits for name, _dir, bits in port_table(top)}
     header = _ports_header(ports)
     h = hashlib.sha256()

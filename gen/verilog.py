@@ -4,8 +4,8 @@ Turning a whole card into RTLIL is Amaranth's slow part (about 70 s for the tiny
 then writes the Verilog in a few seconds), and one test run needs the same card's netlist
 several times (emitted, linted, Verilated, packaged for Vitis). A caller that can name what
 it built passes ``cache_key``: the RTLIL is then kept in ``build/rtlil/``, keyed by that
-name, the module name and a hash of every source file of ``hw/`` and ``gen/`` and the Amaranth
-version, so any edit to the hardware or the generator makes a new entry. On a hit the component
+name, the module name, a hash of every source file of ``hw/`` and ``gen/`` and the versions of
+Amaranth and numpy, so any edit to the hardware or the generator makes a new entry. On a hit the component
 is never elaborated: the files that build tops for this (gen/tops.py, gen/package.py,
 sim/system.py, sim/fabric.py) turn Amaranth's UnusedElaboratable warning off on their first line.
 """
@@ -57,7 +57,8 @@ def flat_ports(component, sep="_"):
 
 
 def _sources_digest():
-    h = hashlib.sha256(amaranth.__version__.encode())
+    import numpy  # hw/arith/tables.py computes the ROMs with it
+    h = hashlib.sha256(f"{amaranth.__version__}|{numpy.__version__}".encode())
     for f in sorted([*(ROOT / "hw").rglob("*.py"), *(ROOT / "gen").rglob("*.py")]):
         h.update(str(f.relative_to(ROOT)).encode())
         h.update(f.read_bytes())

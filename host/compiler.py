@@ -294,14 +294,14 @@ class CompiledModel:
                 return out
 
             def proj(p=p):
-                out = np.zeros((d, dv), np.float32)        # input columns in the padded layout
+                out = np.zeros((d, dq), np.float32)        # input columns: the heads, hdp each
                 for h in range(H):
                     g = h0 + h
-                    out[:, h * hvp:h * hvp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
+                    out[:, h * hdp:h * hdp + hd] = w[p + "attn.c_proj.weight"].T[:, g * hd:(g + 1) * hd]
                 return out
 
             m_qkv = self._matrix(2 * dq + dv, d, qkv)      # fills bqkv
-            m_proj = self._matrix(d, dv, proj)
+            m_proj = self._matrix(d, dq, proj)
             def fc(p=p, bfc=bfc):
                 wf, bf = fold_layer_norm(w[p + "mlp.c_fc.weight"].T[f0:f0 + F],
                                          w[p + "mlp.c_fc.bias"][f0:f0 + F],
@@ -437,7 +437,7 @@ class CompiledModel:
         self.x_a = xb(T * self.dS)
         self.x_q = xb(T * self.dq)
         self.x_p = xb(T * self._Hbuf * self.nS)
-        self.x_att = xb(T * self.aS)
+        self.x_att = xb(T * self.dq)         # the heads' outputs, dense: c_proj's input
         self.x_h = xb(T * self.fS)
 
     def load(self, dev):
@@ -504,6 +504,11 @@ class _Emitter:
         self.jobs = []
         self.kv_ready = 0          # K/V tiles may stream only after this position (their STOREs)
         self.w_ready = 0           # no weight tiles stream before this position
+        # fp16(x) goes to x_a with the residual stream's last write (VEC.x16) instead of a
+        # CVT16 pass of its own where x has no padding words (d a multiple of W) to convert.
+        self.x16_x = cm.sh.d_model % cm.W == 0
+        self.xa_ready = False      # x_a holds fp16(x) of the step's tokens (ln_matvec)
+        self.xa = cm.x_a           # the XB input of the last ln_matvec
 
     def e(self, op, **f):
         self.out.append(encode(op, **f))
@@ -533,11 +538,13 @@ class _Emitter:
         assert k == len(jobs) and avail == 0
         return out
 
-    def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0):
-        self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k)
+    def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0, xdst=None):
+        """A VEC; with ``xdst`` the result goes to XB (fp16) at xdst too (VEC.x16)."""
+        self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k,
+               x16=int(xdst is not None), xdst=xdst or 0)
 
     def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=None, tokens=None,
-               then=None, first=None, defer_last=False, tt=0):
+               then=None, first=None, defer_last=False, tt=0, short_tail=False):
         """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
         groups of row blocks, each at most half the weight FIFO (so that two fit). ``kv``: the
         matrix is a head's K or V cache, one job whose tiles are the runs of rows ``kv``
@@ -547,7 +554,9 @@ class _Emitter:
         ``then(t, row0, rows)`` emits the vector work on a finished chunk of the output (token
         t's rows row0 .. row0 + rows). Each chunk's work goes after the *next* chunk's MATVEC:
         in-order issue then waits for chunk k while chunk k + 1 already runs, so the matrix
-        unit stays busy and the vector unit works beside it instead of after it."""
+        unit stays busy and the vector unit works beside it instead of after it. With
+        ``short_tail`` the last chunk is one group: the work on it, which nothing hides, is
+        short."""
         row, rb, cb = m
         depth = self.cm.cfg.core.weight_fifo_tiles
         T = self.T if tokens is None else tokens
@@ -562,6 +571,9 @@ class _Emitter:
                                 f"FIFO's {depth} (core.weight_fifo_tiles)")
             per = self.cm.chunk_blocks(cb, group)
             chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
+            r0, n = chunks[-1]
+            if short_tail and n > group:
+                chunks[-1:] = [(r0, n - group), (r0 + n - group, group)]
         L = self.cm.L
         prev = None
         for r0, n in chunks:
@@ -597,27 +609,42 @@ class _Emitter:
         head h's max, 4 + H on: the heads' softmax sums, side by side."""
         return self.cm.v_scal + ((4 + 2 * self.cm.H) * t + k) * self.cm.P
 
-    def ln_fixup(self, t, y, n, bias):
-        """y[0:n] = r y + bias[0:n], r token t's 1 / sqrt(var + eps) (ln_matvec)."""
+    def ln_fixup(self, t, y, n, bias, x16=None):
+        """y[0:n] = r y + bias[0:n], r token t's 1 / sqrt(var + eps) (ln_matvec). ``x16`` =
+        (k, xdst): elements k.. also go to XB from xdst (fp16), for the next MATVEC."""
         self.vec("MUL", y, y, n, src2=self.scalar(t, 1), bcast=1)
-        self.vec("ADD", y, y, n, src2=bias)
+        k, xdst = x16 if x16 is not None else (n, None)
+        if k > 0:
+            self.vec("ADD", y, y, k, src2=bias)
+        if k < n:
+            self.vec("ADD", y + k, y + k, n - k, src2=bias + k, xdst=xdst)
 
     def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, before=None,
-                  **kw):
+                  xq=None, **kw):
         """LayerNorm of the residual stream x followed by matrix ``m`` (its LayerNorm folded
         in: fold_layer_norm): the matrix unit starts on fp16(x) at once; the mean and
         r = 1 / sqrt(var + eps) of each token run on the vector unit beside the first chunk;
         each finished chunk of rows becomes r z + bias (then ``then(t, row0, rows)``).
         ``toks``: the tokens (default all) whose x go in, as the MATVEC's tokens 0, 1, ...;
-        ``bias + r``: the VSP word of the bias for output row r."""
+        ``bias + r``: the VSP word of the bias for output row r. ``xq`` = (row, xb, stride):
+        output rows from ``row`` on also go to XB as fp16, token j's at xb + j stride.
+
+        fp16(x) is in x_a already (token t at x_a + t dS) where the residual stream's last
+        writer put it there (VEC.x16: self.xa_ready); else a CVT16 puts it there."""
         cm, T, dS, d = self.cm, self.T, self.cm.dS, self.cm.sh.d_model
         inv_d, eps = cm.v_const, cm.v_const + 1
         toks = list(range(T)) if toks is None else toks
-        if toks == list(range(T)):
-            self.vec("CVT16", cm.x_a, cm.v_x, T * dS)
+        if self.xa_ready:
+            assert toks == list(range(toks[0], toks[0] + len(toks)))
+            self.xa = cm.x_a + toks[0] * dS
         else:
-            for j, t in enumerate(toks):
-                self.vec("CVT16", cm.x_a + j * dS, cm.v_x + t * dS, dS)
+            self.xa = cm.x_a
+            if toks == list(range(T)):
+                self.vec("CVT16", cm.x_a, cm.v_x, T * dS)
+            else:
+                for j, t in enumerate(toks):
+                    self.vec("CVT16", cm.x_a + j * dS, cm.v_x + t * dS, dS)
+        self.xa_ready = False
 
         def stats():        # up to the sum of squares: issued before the second chunk
             if before is not None:
@@ -638,10 +665,14 @@ class _Emitter:
                 self.vec("MUL", s1, s1, 1, src2=inv_d, bcast=1)
                 self.vec("ADD", s1, s1, 1, src2=eps, bcast=1)
                 self.vec("RSQRT", s1, s1, 1)
-            self.ln_fixup(t, dst + j * dstride + r, n, bias + r)
+            x16 = None
+            if xq is not None and r + n > xq[0]:
+                k = max(xq[0] - r, 0)
+                x16 = (k, xq[1] + j * xq[2] + r + k - xq[0])
+            self.ln_fixup(t, dst + j * dstride + r, n, bias + r, x16=x16)
             then(j, r, n)
 
-        return self.matvec(m, cm.x_a, dS, dst, dstride, first=stats, then=finish,
+        return self.matvec(m, self.xa, dS, dst, dstride, first=stats, then=finish,
                            defer_last=defer_last, tokens=len(toks), **kw)
 
     def program(self):
@@ -655,7 +686,9 @@ class _Emitter:
             x = cm.v_x + t * dS
             self.e("LOAD", vsp=x, n=d, row=cm.wte_row + tok * cm.tok_rows)
             self.e("LOAD", vsp=cm.v_y + t * dS, n=d, row=cm.wpe_row + (self.pos0 + t) * cm.tok_rows)
-            self.vec("ADD", x, x, d, src2=cm.v_y + t * dS)
+            self.vec("ADD", x, x, d, src2=cm.v_y + t * dS,
+                     xdst=cm.x_a + t * dS if self.x16_x else None)
+        self.xa_ready = self.x16_x
         self.e("LOAD", vsp=cm.v_const, n=2, row=cm.const_row, f32=1)
         if self.T == 1:
             # One token: the causal mask is the K MATVECs' bias (scores past the position
@@ -670,18 +703,18 @@ class _Emitter:
         self.e("HALT")
         return self.schedule()
 
-    def residual(self, t, r, n, y=None):
-        """x += y on the rows a MATVEC job finished."""
+    def residual(self, t, r, n, y=None, to_xa=False):
+        """x += y on the rows a MATVEC job finished (and fp16(x) into x_a with ``to_xa``)."""
         cm, dS = self.cm, self.cm.dS
         y = cm.v_y if y is None else y
-        self.vec("ADD", cm.v_x + t * dS + r, cm.v_x + t * dS + r, n, src2=y + t * dS + r)
+        self.vec("ADD", cm.v_x + t * dS + r, cm.v_x + t * dS + r, n, src2=y + t * dS + r,
+                 xdst=cm.x_a + t * dS + r if to_xa else None)
 
     def gelu(self, t, r, n):
         """GELU and the fp16 copy for the next MATVEC."""
         cm, fS = self.cm, self.cm.fS
         h = cm.v_h + t * fS + r
-        self.vec("GELU", h, h, n)
-        self.vec("CVT16", cm.x_h + t * fS + r, h, n)
+        self.vec("GELU", h, h, n, xdst=cm.x_h + t * fS + r)
 
     def layer(self, li, lr):
         """Decoder layer li: LayerNorm and c_attn, the KV caches, attention, c_proj,
@@ -689,7 +722,7 @@ class _Emitter:
         cm, T = self.cm, self.T
         H, hdp, dq = cm.H, cm.hdp, cm.dq
         L, W = cm.L, cm.W
-        qS, fS, aS, dv, hvp = cm.qS, cm.fS, cm.aS, cm.dv, cm.hvp
+        qS, fS, aS, hvp = cm.qS, cm.fS, cm.aS, cm.hvp
         last = self.pos0 + T - 1
         gelu = self.gelu
         par = cm.v_pars[li % 2]
@@ -709,7 +742,8 @@ class _Emitter:
         # one write beat, not L.
         cbk, rbv = hdp // W, hvp // L
         kgrp = H * GROUP * cbk                  # rows of one group of row blocks, all heads
-        stored = set()                          # ("k" or "v", token) already STOREd
+        stored = set()                          # ("k", token) already STOREd
+        v_stored = {}                           # token -> heads of its V STOREd
 
         def store_k(t):
             p = self.pos0 + t
@@ -718,21 +752,32 @@ class _Emitter:
                    row=lr.k + (r // GROUP) * kgrp + r % GROUP, off=(p % L) * 2 * W,
                    lepg=W.bit_length() - 1, lgpr=0, gstride=0, rstride=GROUP)
 
-        def store_v(t):
+        def store_v(t, h0, h1):
+            """Heads h0 .. h1 - 1 of token t's V (their tiles are consecutive rows)."""
             p = self.pos0 + t
-            self.e("STORE", vsp=cm.v_qkv + t * qS + cm.v_off, n=dv,
-                   row=lr.v + (p // W) * H * rbv, off=2 * L * (p % W), lepg=L.bit_length() - 1,
-                   lgpr=0, gstride=0, rstride=1)
+            self.e("STORE", vsp=cm.v_qkv + t * qS + cm.v_off + h0 * hvp, n=(h1 - h0) * hvp,
+                   row=lr.v + (p // W) * H * rbv + h0 * rbv, off=2 * L * (p % W),
+                   lepg=L.bit_length() - 1, lgpr=0, gstride=0, rstride=1)
+
+        k_wait = []        # program positions after the K STOREs' next chunk
 
         def qkv_done(t, r, n):
             # A token's new K row goes into the cache as soon as c_attn's K rows are
-            # final, its V column once the V rows are: the K MATVECs wait for them.
+            # final, its V column once the V rows are: the K MATVECs wait for them. Their
+            # tiles may stream from the next chunk's work on (a WLOAD right behind the STOREs
+            # would hold in-order issue, and the fix-ups with it, until they are done).
+            if ("k", T - 1) in stored and not k_wait:
+                k_wait.append(len(self.out))
             if r + n >= cm.k_off + dq and ("k", t) not in stored:
                 store_k(t)
                 stored.add(("k", t))
-            if r + n >= cm.v_off + dv and ("v", t) not in stored:
-                store_v(t)
-                stored.add(("v", t))
+            # V by the heads whose rows are final (the STORE is slow: one channel takes a
+            # position's values, a beat per tile; the first heads' go out a chunk earlier).
+            v0 = v_stored.get(t, 0)
+            v1 = min(H, max(0, r + n - cm.v_off) // hvp)
+            if v1 > v0:
+                store_v(t, v0, v1)
+                v_stored[t] = v1
 
         def first_params():
             # Layer 0's parameters: c_attn's bias behind the first chunk's tiles (needed when
@@ -743,7 +788,10 @@ class _Emitter:
                 if T == 1:
                     self.vec("MASK", cm.v_mask, cm.v_mask, cm.nS, k=self.pos0)
 
-        self.ln_matvec(lr.qkv, cm.v_qkv, qS, bqkv, qkv_done, before=first_params)
+        # q's rows go to XB as fp16 with their LayerNorm fix-up, for the K MATVECs.
+        q16 = cm.q_off % cm.P == 0
+        self.ln_matvec(lr.qkv, cm.v_qkv, qS, bqkv, qkv_done, before=first_params,
+                       xq=(cm.q_off, cm.x_q, dq) if q16 else None)
         rbk = _up(-(-(last + 1) // L), GROUP)          # whole groups (rows past `last` masked)
         cbv = -(-(last + 1) // W)
         kseg = [[(lr.k + gi * kgrp + h * GROUP * cbk, GROUP * cbk) for gi in range(rbk // GROUP)]
@@ -759,11 +807,9 @@ class _Emitter:
         # what is live).
         sK = _up(rbk * L, W)
         HN = H * sK
-        for t in range(T):
+        for t in range(T if not q16 else 0):
             self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS + cm.q_off, dq)
-        # The K tiles stream from here (the K STOREs went out chunks ago: a WLOAD placed right
-        # behind them would hold in-order issue until they are done).
-        self.kv_ready = len(self.out)
+        self.kv_ready = k_wait[0] if k_wait else len(self.out)
         for h in range(H):
             self.matvec((0, rbk, cbk), cm.x_q + h * hdp, dq, cm.v_sc + h * sK, HN, kv=kseg[h],
                         bias=cm.v_mask if T == 1 else None)
@@ -786,21 +832,21 @@ class _Emitter:
             v_ready.append(len(self.out))
         # The probabilities' normalization is deferred past p.V: the V MATVECs take the
         # unnormalized exp(s - max) (in (0, 1], as fp16) and give each head's sum of them
-        # beside its output (the V rows of ones); one RECIP over the whole output takes the
-        # sums' reciprocals (the others go unused), and each head's output is scaled by its.
-        self.vec("EXP", cm.v_sc, cm.v_sc, T * HN)
-        self.vec("CVT16", cm.x_p, cm.v_sc, T * HN)
+        # beside its output (the V rows of ones); one RECIP over the output from the first
+        # sum to the last takes the sums' reciprocals (the others go unused), and each head's
+        # output is scaled by its (the MUL writing c_proj's fp16 input).
+        self.vec("EXP", cm.v_sc, cm.v_sc, T * HN, xdst=cm.x_p)
         for h in range(H):
             self.kv_ready = v_ready[h]
             self.matvec((0, rbv, cbv), cm.x_p + h * sK, HN, cm.v_att + h * hvp, aS, group=vgrp,
                         kv=vseg[h], tt=1)
-        self.vec("RECIP", cm.v_zinv, cm.v_att, T * aS)
+        self.vec("RECIP", cm.v_zinv + hdp, cm.v_att + hdp, (T - 1) * aS + (H - 1) * hvp + 1)
         for h in range(H):
             for t in range(T):
                 a = cm.v_att + t * aS + h * hvp
-                self.vec("MUL", a, a, hdp, src2=cm.v_zinv + t * aS + h * hvp + hdp, bcast=1)
-        self.vec("CVT16", cm.x_att, cm.v_att, T * aS)
-        self.projection(lr.proj, cm.x_att, aS, bproj)
+                self.vec("MUL", a, a, hdp, src2=cm.v_zinv + t * aS + h * hvp + hdp, bcast=1,
+                         xdst=cm.x_att + t * dq + h * hdp)
+        self.projection(lr.proj, cm.x_att, dq, bproj)
         if cm.param_areas == 2:
             # Into the other area, while this layer runs: here, where the weight FIFO is
             # full with c_fc's tiles and the read DMA would idle through the LayerNorm (a
@@ -874,7 +920,7 @@ class _Emitter:
                         self.ln_fixup(T - 1, buf + r, rows, hb + r)
                         store(j, r, rows)
 
-                    self.matvec((head_row + r0 * head_cb, n, head_cb), cm.x_a, 0, buf, 0,
+                    self.matvec((head_row + r0 * head_cb, n, head_cb), self.xa, 0, buf, 0,
                                 tokens=1, then=fix)
 
     def projection(self, m, xb, xstride, bias, first=None):
@@ -892,10 +938,14 @@ class _Emitter:
         one = cm.cards == 1
         fold = not one and T == 1             # (a MATVEC's bias is one vector for all tokens)
         first_bias = bias if one else {0: cm.v_x, 1: bias}.get(cm.card) if fold else None
+        x16 = self.x16_x
         for k, (mk, c0) in enumerate(parts):
+            last = k == len(parts) - 1          # (its residuals write fp16(x) too)
             self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=first_bias if k == 0 else None,
-                        then=(lambda t, r, n, y=bufs[k]: self.residual(t, r, n, y)) if one else None,
-                        first=first if k == 0 else None)
+                        then=(lambda t, r, n, y=bufs[k], xa=x16 and last:
+                              self.residual(t, r, n, y, to_xa=xa)) if one else None,
+                        first=first if k == 0 else None, short_tail=one and last)
+        self.xa_ready = x16 and not fold    # (a COLL writes x itself: ln_matvec converts it)
         if one:
             return
         if len(parts) == 2:
@@ -907,7 +957,7 @@ class _Emitter:
         for t in range(T):
             y = cm.v_y + t * dS
             self.vec("ADD", y, y, d, src2=bias)
-        self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y)
+        self.vec("ADD", cm.v_x, cm.v_x, T * dS, src2=cm.v_y, xdst=cm.x_a if x16 else None)
 
     def store_f32(self, vsp, n, row):
         per_row = self.cm.S // 4

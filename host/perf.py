@@ -49,6 +49,7 @@ VOP_LAT = {"ADD": ADD_LAT, "SUB": ADD_LAT, "MUL": MUL_LAT, "MAX": MAX_LAT, "MOV"
 SCOREBOARD = 8
 FETCH_CHUNK, FETCH_DEPTH = 16, 32
 DMA_RD_QUEUE = 4
+STORE_QUEUE = 2                  # hw/core/dma.py
 UNIT = {"LOAD": "dma_rd", "WLOAD": "dma_rd", "STORE": "dma_wr", "MATVEC": "mpu", "VEC": "vpu",
         "COLL": "coll"}
 ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
@@ -68,6 +69,7 @@ class Overheads:
     dma_first: int = 4         # command to AR, R to stripe join
     load_tail: int = 2         # last VSP write to done
     store_fixed: int = 8       # VSP read, conversion, coalescing, AW/W
+    store_queue: int = 1       # through the queue ahead of the store engine
     mpu_start: int = 2         # command to the first step (bias-free)
     mpu_tail: int = 3          # last accumulation to done (output FIFO, writer)
     halt: int = 3              # HALT to ap_done
@@ -120,7 +122,7 @@ class CardModel:
         if (f["vop"] in BINARY_VOPS and not f["bcast"] and f["src1"] != f["src2"]
                 and self._same_seg(f["src1"], f["src2"])):
             rows *= 2                        # both operands through one segment's read port
-        return rows + lat + o.vec_pass + extra
+        return rows + lat + o.vec_pass + extra + (CVT_LAT if f["x16"] else 0)
 
     def _store_beats(self, f):
         """Write beats a STORE sends to its busiest channel (each group's bytes in whole
@@ -147,8 +149,10 @@ class CardModel:
         enter = np.zeros(n + 1, np.int64)       # cycle each instruction enters stage D
         req = {}                                # fetch burst -> cycle requested
         arrive_prev = 0
-        inflight = []                           # (done, reads, write)
-        unit_free = {"vpu": 0, "dma_wr": 0, "mpu": 0}
+        inflight = []                           # (done, reads, writes)
+        unit_free = {"vpu": 0, "mpu": 0}
+        store_done = []                         # done cycles of STOREs, in order
+        store_free = 0                          # the store engine takes the next STORE
         dma_done = []                           # done cycles of LOAD/WLOAD, in order
         data_end = 0                            # last stripe of the read DMA
         # weight FIFO: arrival and consumption cycle of each tile, in stream order
@@ -175,7 +179,7 @@ class CardModel:
             t = int(enter[i]) + 1
             op = ins.op
             f = ins.fields
-            reads, write = self._ranges(op, f)
+            reads, writes = self._ranges(op, f)
             if op in ("HALT", "FENCE"):
                 t = max([t] + [d + 1 for d, _, _ in inflight])
                 prev_issue = t
@@ -184,16 +188,20 @@ class CardModel:
                     t_end = t + o.halt
                     break
                 continue
-            t = _after_hazards(t, inflight, reads, write)
+            t = _after_hazards(t, inflight, reads, writes)
             live = sorted(d for d, _, _ in inflight if d >= t)
             if len(live) >= SCOREBOARD:
                 t = max(t, live[len(live) - SCOREBOARD] + 1)
-                t = _after_hazards(t, inflight, reads, write)
+                t = _after_hazards(t, inflight, reads, writes)
             unit = UNIT[op]
             if unit == "dma_rd":
                 pending = [d for d in dma_done if d >= t]
                 if len(pending) >= DMA_RD_QUEUE:
                     t = max(t, pending[len(pending) - DMA_RD_QUEUE] + 1)
+            elif unit == "dma_wr":          # the queue ahead of the store engine has room
+                pending = [d for d in store_done if d >= t]
+                if len(pending) > STORE_QUEUE:
+                    t = max(t, pending[len(pending) - STORE_QUEUE - 1] + 1)
             elif unit in unit_free:
                 t = max(t, unit_free[unit])
             if op == "COLL":
@@ -207,8 +215,10 @@ class CardModel:
             elif op == "STORE":
                 # one element a cycle; single-beat writes, at most max_outstanding per channel
                 # awaiting their response
-                done = t + 1 + o.store_fixed + max(f["n"], self._store_beats(f) * self.wr_gap) + self.lat
-                unit_free["dma_wr"] = done + 1
+                start = max(t + 1 + o.store_queue, store_free)
+                done = start + o.store_fixed + max(f["n"], self._store_beats(f) * self.wr_gap) + self.lat
+                store_free = done + 1
+                store_done.append(done)
             elif op in ("LOAD", "WLOAD"):
                 start = max(t + 1 + self.lat + o.dma_first, data_end + 1)
                 if op == "WLOAD":
@@ -274,14 +284,21 @@ class CardModel:
             else:
                 raise ValueError(f"perf model: instruction {op} at {i}")
             prev_issue = t
-            inflight = [e for e in inflight if e[0] >= t] + [(done, reads, write)]
+            inflight = [e for e in inflight if e[0] >= t] + [(done, reads, writes)]
             if self.trace is not None:
                 self.trace.append((i, op, t, int(done)))
         return {"cycles": int(t_end), "hbm_rd_bytes": int(hbm_rd), "mpu_busy": busy["mpu"],
                 "vpu_busy": busy["vpu"], "insns": n}
 
     def _ranges(self, op, f):
-        """(reads, write) address ranges as hw/core/issue.py holds them: (space, lo, hi)."""
+        """(reads, writes) address ranges as hw/core/issue.py holds them: (space, lo, hi)."""
+        reads, write = self._ranges1(op, f)
+        writes = [write] if write else []
+        if op == "VEC" and f["x16"]:
+            writes.append(("xb", f["xdst"], f["xdst"] + f["n"]))
+        return reads, writes
+
+    def _ranges1(self, op, f):
         S = self.S
         if op == "LOAD":
             rows = -(-(f["n"] * (4 if f["f32"] else 2)) // S)
@@ -323,13 +340,13 @@ def _hits(a, b):
     return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
-def _after_hazards(t, inflight, reads, write):
+def _after_hazards(t, inflight, reads, writes):
     """The first cycle from ``t`` at which an instruction reading ``reads`` and writing
-    ``write`` conflicts with none of the in-flight (done, reads, write): it may not write what
-    one reads or writes, nor read what one writes (hw/core/issue.py)."""
+    ``writes`` conflicts with none of the in-flight (done, reads, writes): it may not write
+    what one reads or writes, nor read what one writes (hw/core/issue.py)."""
     for done, er, ew in inflight:
-        if done >= t and (any(_hits(write, r) for r in er) or _hits(write, ew)
-                          or any(_hits(r, ew) for r in reads)):
+        if done >= t and (any(_hits(w, r) for w in writes for r in er + ew)
+                          or any(_hits(r, w) for r in reads for w in ew)):
             t = done + 1
     return t
 

@@ -110,7 +110,11 @@ FORMATS = (
         F("n", 16, "elements (>= 1)"),
         F("k", 16, "MASK: last unmasked index"),
         F("bcast", 1, "src2 is one word broadcast to every element"),
-    ), "dst[i] = op(src1[i], src2[i or 0]), i < n; reductions write one word."),
+        F("x16", 1, "also write fp16(dst[i]) to XB[xdst + i] (elementwise operations but CVT16)"),
+        F("xdst", 16, "with x16: first XB word written"),
+    ), "dst[i] = op(src1[i], src2[i or 0]), i < n; reductions write one word. With x16 an "
+       "elementwise result also goes to XB as fp16, rounded as CVT16 rounds (the next MATVEC's "
+       "input without a CVT16 pass over it)."),
     Format("COLL", 8, "coll", (
         F("cop", 2, "0 all-gather, 1 reduce-scatter, 2 all-reduce"),
         F("src", 24, "this card's input: first VSP word, or first stripe row with hbm"),
@@ -167,7 +171,8 @@ REDUCE_VOPS = (VOPS["REDSUM"][0], VOPS["REDMAX"][0])
 ERRORS = {
     0: ("OK", "finished at HALT"),
     1: ("ILLEGAL_OPCODE", "an opcode or vector operation that does not exist"),
-    2: ("BAD_FIELD", "a length of zero, a token count outside 1..8, a group of zero"),
+    2: ("BAD_FIELD", "a length of zero, a token count outside 1..8, a group of zero, x16 on a "
+                     "reduction or CVT16"),
     3: ("VSP_RANGE", "a VSP access beyond core.vsp_words"),
     4: ("XB_RANGE", "an XB access beyond core.xb_words"),
     5: ("HBM_RANGE", "an HBM access beyond the channel's capacity"),

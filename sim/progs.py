@@ -132,6 +132,8 @@ class ProgramGen:
             if dst is None:
                 return []
         f["dst"] = dst
+        if r.random() < 0.3:          # the result to XB as fp16 too
+            f["x16"], f["xdst"] = 1, self._aligned(n, self.P, self.XW)
         return [encode("VEC", **f)]
 
     def matvec(self):

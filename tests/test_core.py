@@ -102,6 +102,9 @@ def error_cases(cfg):
         "vsp_range": ([ok, encode("LOAD", vsp=VW - P, n=2 * P, row=0), encode("HALT")], "VSP_RANGE", 1),
         "xb_range": ([encode("VEC", vop="CVT16", dst=XW - P, src1=0, n=2 * P), encode("HALT")],
                      "XB_RANGE", 0),
+        "x16_reduce": ([encode("VEC", vop="REDSUM", src1=0, n=4, x16=1), encode("HALT")], "BAD_FIELD", 0),
+        "x16_xb_range": ([ok, encode("VEC", vop="ADD", dst=64, src1=0, src2=0, n=2 * P, x16=1,
+                                     xdst=XW - P), encode("HALT")], "XB_RANGE", 1),
         "hbm_range": ([ok, st, encode("WLOAD", row=rows - 1, tiles=2), encode("HALT")], "HBM_RANGE", 2),
         "overrun": ([ok, st], "PROGRAM_OVERRUN", 2),
         "underflow": ([encode("WLOAD", row=64, tiles=1), encode("MATVEC", rb=1, cb=2, group=1, tokens=1),
@@ -115,6 +118,8 @@ def error_cases(cfg):
                    encode("HALT")], "ALIGN", 0 if P > 1 else 1),
         "overlap": ([ok, encode("VEC", vop="ADD", dst=P, src1=0, src2=0, n=2 * P), encode("HALT")],
                     "OVERLAP", 1),
+        **({"x16_align": ([ok, encode("VEC", vop="MOV", dst=64, src1=0, n=4, x16=1, xdst=1),
+                           encode("HALT")], "ALIGN", 1)} if P > 1 else {}),
     }
 
 

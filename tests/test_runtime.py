@@ -273,4 +273,5 @@ def test_uneven_mlp_tail_with_large_activations():
         _, logits, _ = generate(cfg, appliance, None, [3, 5], 1, keep_logits=True)
         assert np.isfinite(logits).all(), f"{cards} cards"
         out.append(logits)
-    np.testing.assert_allclose(out[1], out[0], rtol=1e-3, atol=1e-4)
+    # (the two sum in different orders: fp32 rounding relative to the largest logit)
+    np.testing.assert_allclose(out[1], out[0], rtol=1e-3, atol=1e-5 * np.abs(out[0]).max())

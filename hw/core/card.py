@@ -11,7 +11,7 @@
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import Out
 
@@ -24,7 +24,7 @@ from hw.isa import ERROR_CODES
 
 from .coll import CollUnit
 from .ctrl import Control
-from .dma import DmaRead, DmaWrite
+from .dma import STORE_QUEUE, DmaRead, DmaWrite, StoreCmd
 from .fetch import Fetch
 from .issue import Issue
 from .mpu import Mpu
@@ -161,7 +161,13 @@ class Card(wiring.Component):
         m.d.comb += [issue.exhausted.eq(fetch.exhausted), issue.start.eq(ctrl.start),
                      issue.misaligned.eq(ctrl.prog_addr[0:4] != 0)]
         wiring.connect(m, issue.q_dma_rd, dma_rd.cmd)
-        wiring.connect(m, issue.q_dma_wr, dma_wr.cmd)
+        # STOREs through a queue: issue goes on while the store engine finishes the last one
+        # (its writes' responses), as LOADs and WLOADs do behind the read DMA's queue.
+        m.submodules.store_q = store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
+        m.d.comb += [store_q.w_en.eq(issue.q_dma_wr.valid), store_q.w_data.eq(issue.q_dma_wr.payload),
+                     issue.q_dma_wr.ready.eq(store_q.w_rdy),
+                     dma_wr.cmd.valid.eq(store_q.r_rdy), dma_wr.cmd.payload.eq(store_q.r_data),
+                     store_q.r_en.eq(dma_wr.cmd.ready)]
         wiring.connect(m, issue.q_mpu, mpu.cmd)
         wiring.connect(m, issue.q_vpu, vpu.cmd)
         m.d.comb += [issue.done_dma_rd.eq(dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
@@ -186,8 +192,8 @@ class Card(wiring.Component):
 
         # -- stop, watchdog, counters ------------------------------------------------------------
         coll_busy = coll.busy if self.ring else Const(0, 1)
-        quiet = ~(dma_rd.busy | dma_wr.busy | mpu.busy | vpu.busy | (wfifo.level != 0) | fetch.busy
-                  | coll_busy)
+        quiet = ~(dma_rd.busy | dma_wr.busy | store_q.r_rdy | mpu.busy | vpu.busy | (wfifo.level != 0)
+                  | fetch.busy | coll_busy)
         m.d.comb += issue.quiet.eq(quiet)
         m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err | hbm_err)
         progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe

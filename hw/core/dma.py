@@ -21,9 +21,11 @@ from hw.dma.reader import AxiBurstReader
 
 from .vsp import ReadPort, WritePort
 
-__all__ = ["DmaReadCmd", "DmaRead", "StoreCmd", "DmaWrite"]
+__all__ = ["DmaReadCmd", "DmaRead", "StoreCmd", "DmaWrite", "STORE_QUEUE"]
 
 DmaReadCmd = data.StructLayout({"wload": 1, "row": 24, "count": 24, "vsp": 16, "n": 16, "f32": 1})
+STORE_QUEUE = 2          # STOREs issued ahead of the store engine (hw/core/card.py)
+
 StoreCmd = data.StructLayout({"vsp": 16, "n": 16, "row": 24, "off": 12, "lepg": 4, "lgpr": 4,
                               "gstride": 12, "rstride": 16, "f32": 1})
 

@@ -42,7 +42,7 @@ KIND = {"NONE": 0, "HALT": 1, "FENCE": 2, "LOAD": 3, "STORE": 4, "WLOAD": 5, "MA
 
 Decoded = data.StructLayout({
     "kind": 4, "err": 4, "pc": 24, "word": 128, "need": 28, "add": 24,
-    "rd1": Range, "rd2": Range, "wr": Range,
+    "rd1": Range, "rd2": Range, "wr": Range, "wr2": Range,
 })
 
 
@@ -198,8 +198,9 @@ class Issue(wiring.Component):
                 m.d.comb += rng(d.wr, SPACE_VSP, dst_lo, dst_hi)
                 m.d.comb += d.need.eq(f["rb"] * f["cb"])
             with m.Case(OPCODES["VEC"]):
-                f = {n: _field(w, "VEC", n) for n in ("vop", "dst", "src1", "src2", "n", "k", "bcast")}
-                vop, n, bc = f["vop"], f["n"], f["bcast"]
+                f = {n: _field(w, "VEC", n) for n in
+                     ("vop", "dst", "src1", "src2", "n", "k", "bcast", "x16", "xdst")}
+                vop, n, bc, x16 = f["vop"], f["n"], f["bcast"], f["x16"]
                 binary = vop.matches(*BINARY_VOPS)
                 red = vop.matches(*REDUCE_VOPS)
                 cvt = vop == VOPS["CVT16"][0]
@@ -210,21 +211,23 @@ class Issue(wiring.Component):
                 mis = (lambda v: v[0:pl] != 0) if pl else (lambda v: Const(0, 1))
                 m.d.comb += d.err.eq(_first([
                     (vop >= len(VOPS), E["ILLEGAL_OPCODE"]),
-                    ((n == 0) | (red & (n > self.red_max)), E["BAD_FIELD"]),
-                    (mis(f["src1"]) | (binary & ~bc & mis(f["src2"])) | (~red & mis(f["dst"])),
-                     E["ALIGN"]),
+                    ((n == 0) | (red & (n > self.red_max)) | (x16 & (red | cvt)), E["BAD_FIELD"]),
+                    (mis(f["src1"]) | (binary & ~bc & mis(f["src2"])) | (~red & mis(f["dst"]))
+                     | (x16 & mis(f["xdst"])), E["ALIGN"]),
                     (~red & ~cvt & ((ov(f["dst"], n, f["src1"], n) & (f["dst"] != f["src1"]))
                                    | (binary & bc & ov(f["dst"], n, f["src2"], 1))
                                    | (binary & ~bc & ov(f["dst"], n, f["src2"], n)
                                       & (f["dst"] != f["src2"]))), E["OVERLAP"]),
                     ((f["src1"] + n > VW) | (binary & (f["src2"] + b_n > VW))
                      | (~cvt & (f["dst"] + d_n > VW)), E["VSP_RANGE"]),
-                    (cvt & (f["dst"] + n > XW), E["XB_RANGE"]),
+                    ((cvt & (f["dst"] + n > XW)) | (x16 & (f["xdst"] + n > XW)), E["XB_RANGE"]),
                 ]))
                 m.d.comb += rng(d.rd1, SPACE_VSP, f["src1"], f["src1"] + n)
                 with m.If(binary):
                     m.d.comb += rng(d.rd2, SPACE_VSP, f["src2"], f["src2"] + b_n)
                 m.d.comb += rng(d.wr, Mux(cvt, SPACE_XB, SPACE_VSP), f["dst"], f["dst"] + d_n)
+                with m.If(x16):
+                    m.d.comb += rng(d.wr2, SPACE_XB, f["xdst"], f["xdst"] + n)
             if self.ring:
                 with m.Case(OPCODES["COLL"]):
                     f = {n: _field(w, "COLL", n) for n in ("cop", "src", "dst", "n", "hbm")}
@@ -275,13 +278,17 @@ class Issue(wiring.Component):
 
         # -- scoreboard -------------------------------------------------------------------------
         ev = Signal(ENTRIES)
-        ent = [Signal(data.StructLayout({"rd1": Range, "rd2": Range, "wr": Range}), name=f"ent{i}")
-               for i in range(ENTRIES)]
+        ent = [Signal(data.StructLayout({"rd1": Range, "rd2": Range, "wr": Range, "wr2": Range}),
+                      name=f"ent{i}") for i in range(ENTRIES)]
         conflict = Const(0, 1)
         for i in range(ENTRIES):
             e = ent[i]
-            hit = (_overlap(dq.wr, e.rd1) | _overlap(dq.wr, e.rd2) | _overlap(dq.wr, e.wr)
-                   | _overlap(dq.rd1, e.wr) | _overlap(dq.rd2, e.wr))
+            hit = Const(0, 1)
+            for wr in (dq.wr, dq.wr2):
+                hit = (hit | _overlap(wr, e.rd1) | _overlap(wr, e.rd2) | _overlap(wr, e.wr)
+                       | _overlap(wr, e.wr2))
+            for r in (dq.rd1, dq.rd2):
+                hit = hit | _overlap(r, e.wr) | _overlap(r, e.wr2)
             conflict = conflict | (ev[i] & hit)
         free = Signal(range(ENTRIES))
         any_free = ~ev.all()
@@ -373,7 +380,8 @@ class Issue(wiring.Component):
             with m.Switch(free):
                 for i in range(ENTRIES):
                     with m.Case(i):
-                        m.d.sync += [ent[i].rd1.eq(dq.rd1), ent[i].rd2.eq(dq.rd2), ent[i].wr.eq(dq.wr)]
+                        m.d.sync += [ent[i].rd1.eq(dq.rd1), ent[i].rd2.eq(dq.rd2), ent[i].wr.eq(dq.wr),
+                                     ent[i].wr2.eq(dq.wr2)]
             m.d.sync += ev.eq(new_ev | (Const(1, ENTRIES) << free))
             with m.If(kind == KIND["WLOAD"]):
                 m.d.sync += avail.eq(avail + dq.add)

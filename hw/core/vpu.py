@@ -3,7 +3,8 @@
 One instruction at a time. An instruction is one or more *passes*; a pass reads rows of ``P``
 words (operand a, and operand b unless it is broadcast, absent or the identity), pushes them
 through the lanes' units at one row per cycle, and writes the results in order. Elementwise
-operations are one pass from the VSP to the VSP (or to XB for CVT16). Reductions are row
+operations are one pass from the VSP to the VSP (or to XB for CVT16); with x16 each result row
+also goes through a row of fp16 converters to XB, their latency after its VSP write. Reductions are row
 halving passes (VSP to an internal scratch, then scratch to scratch) followed by lane folds,
 exactly as docs/isa.md defines them.
 
@@ -27,7 +28,7 @@ from .vsp import ReadPort, WritePort
 __all__ = ["VecCmd", "Vpu", "XbWrite"]
 
 VecCmd = data.StructLayout({"vop": 5, "dst": 16, "src1": 16, "src2": 16, "n": 16, "k": 16,
-                            "bcast": 1})
+                            "bcast": 1, "x16": 1, "xdst": 16})
 
 NEG_ZERO = 0x80000000
 NEG_INF = 0xFF800000
@@ -277,6 +278,29 @@ class Vpu(wiring.Component):
                                  self.w.req.payload.mask.eq(Const(1, P) << lane),
                                  self.w.req.payload.data.eq(Cat(*([results[0]] * P)))]
 
+        # x16: the row written to the VSP also goes to XB as fp16, the converters' latency later
+        # (XB's port is free then: x16 and CVT16 never share a pass, and the pass waits for it).
+        XL = Fp32ToFp16.LATENCY
+        x_cv = []
+        for j in range(P):
+            u = Fp32ToFp16()
+            m.submodules[f"xcvt{j}"] = u
+            m.d.comb += u.a.eq(results[j])
+            x_cv.append(u.o)
+        xsh = (self.W - 1).bit_length()
+        x_addr = cmd.xdst + (wi << shift)
+        x_v = [Signal(name=f"x_v{s}") for s in range(XL)]
+        x_row = [Signal(len(self.xb.row), name=f"x_row{s}") for s in range(XL)]
+        x_mask = [Signal(self.W, name=f"x_mask{s}") for s in range(XL)]
+        m.d.sync += [x_v[0].eq(res_valid & cmd.x16 & (target == 0)), x_row[0].eq(x_addr >> xsh),
+                     x_mask[0].eq(elem_mask << (x_addr[0:xsh] if xsh else Const(0, 1)))]
+        for s in range(1, XL):
+            m.d.sync += [x_v[s].eq(x_v[s - 1]), x_row[s].eq(x_row[s - 1]), x_mask[s].eq(x_mask[s - 1])]
+        x_busy = _or(x_v)
+        with m.If(x_v[-1]):
+            m.d.comb += [self.xb.en.eq(1), self.xb.row.eq(x_row[-1]), self.xb.mask.eq(x_mask[-1]),
+                         self.xb.data.eq(Cat(*([Cat(*x_cv)] * (self.W // P))))]
+
         # -- sequencing ------------------------------------------------------------------------
         def start_pass(**kv):
             regs = {"a_vsp": a_vsp, "a_base": a_base, "b_mode": b_mode, "b_same": b_same,
@@ -290,7 +314,7 @@ class Vpu(wiring.Component):
 
         c = self.cmd.payload
         nrows_c = (c.n + (P - 1)) >> shift
-        pass_done = running & (wi == out_rows) & ~res_valid
+        pass_done = running & (wi == out_rows) & ~res_valid & ~x_busy
         rows_left = Signal(16)      # rows in the scratch after the last row pass
         bc_wait = Signal()          # broadcast word requested, data next
 

@@ -236,10 +236,11 @@ class Iss:
         n = i.n
         binary = VOPS[name][1] == 2
         reduce = name in ("REDSUM", "REDMAX")
-        if n == 0 or (reduce and n > self.red_max):
-            raise IssError("BAD_FIELD")
         cvt = name == "CVT16"
-        if i.src1 % P or (binary and not i.bcast and i.src2 % P) or (not reduce and i.dst % P):
+        if n == 0 or (reduce and n > self.red_max) or (i.x16 and (reduce or cvt)):
+            raise IssError("BAD_FIELD")
+        if (i.src1 % P or (binary and not i.bcast and i.src2 % P) or (not reduce and i.dst % P)
+                or (i.x16 and i.xdst % P)):
             raise IssError("ALIGN")
         if not reduce and not cvt:
             if _overlap(i.dst, n, i.src1, n) and i.dst != i.src1:
@@ -257,6 +258,8 @@ class Iss:
                 raise IssError("XB_RANGE")
         else:
             self._vsp_range(i.dst, 1 if reduce else n)
+        if i.x16 and i.xdst + n > len(self.xb):
+            raise IssError("XB_RANGE")
 
         a = self.vsp[i.src1:i.src1 + n]
         b = None
@@ -281,6 +284,8 @@ class Iss:
             "MASK": lambda: np.where(np.arange(n) <= i.k, a, NEG_INF).astype(np.uint32),
         }[name]()
         self.vsp[i.dst:i.dst + n] = out
+        if i.x16:
+            self.xb[i.xdst:i.xdst + n] = A.fp32_to_fp16(out)
 
     def reduce(self, a, name):
         """Row halving over rows of P lanes (the odd middle row meets the identity), then a

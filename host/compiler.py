@@ -555,8 +555,8 @@ class _Emitter:
         t's rows row0 .. row0 + rows). Each chunk's work goes after the *next* chunk's MATVEC:
         in-order issue then waits for chunk k while chunk k + 1 already runs, so the matrix
         unit stays busy and the vector unit works beside it instead of after it. With
-        ``short_tail`` the last chunk is one group: the work on it, which nothing hides, is
-        short."""
+        ``short_tail`` the last chunk is the matrix's last group: the work on it, which
+        nothing hides, is short."""
         row, rb, cb = m
         depth = self.cm.cfg.core.weight_fifo_tiles
         T = self.T if tokens is None else tokens
@@ -572,11 +572,14 @@ class _Emitter:
             per = self.cm.chunk_blocks(cb, group)
             chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
             r0, n = chunks[-1]
-            if short_tail and n > group:
-                chunks[-1:] = [(r0, n - group), (r0 + n - group, group)]
+            k = (n - 1) // group * group        # (the tiles are stored by whole groups)
+            if short_tail and k > 0:
+                chunks[-1:] = [(r0, k), (r0 + k, n - k)]
         L = self.cm.L
         prev = None
         for r0, n in chunks:
+            # (a job's tiles follow the matrix's stream order only from a group's start)
+            assert kv or r0 % group == 0, (r0, group)
             if n * cb > depth:
                 raise UserError(f"model: {n * cb} tiles in one MATVEC exceed the weight FIFO's "
                                 f"{depth} (core.weight_fifo_tiles)")
@@ -683,19 +686,21 @@ class _Emitter:
         for t, tok in enumerate(self.tokens):
             if not 0 <= tok < sh.vocab:
                 raise UserError(f"token id {tok} is outside the vocabulary (0..{sh.vocab - 1})")
-            x = cm.v_x + t * dS
-            self.e("LOAD", vsp=x, n=d, row=cm.wte_row + tok * cm.tok_rows)
+            self.e("LOAD", vsp=cm.v_x + t * dS, n=d, row=cm.wte_row + tok * cm.tok_rows)
             self.e("LOAD", vsp=cm.v_y + t * dS, n=d, row=cm.wpe_row + (self.pos0 + t) * cm.tok_rows)
-            self.vec("ADD", x, x, d, src2=cm.v_y + t * dS,
-                     xdst=cm.x_a + t * dS if self.x16_x else None)
-        self.xa_ready = self.x16_x
         self.e("LOAD", vsp=cm.v_const, n=2, row=cm.const_row, f32=1)
         if self.T == 1:
             # One token: the causal mask is the K MATVECs' bias (scores past the position
             # become -inf as they are summed), built once for every layer and head (the MASK
             # in layer 0, behind the first MATVEC).
             self.e("LOAD", vsp=cm.v_mask, n=cm.nS, row=cm.zero_row, f32=1)
+        # The first tiles stream from here, while the embeddings are added up.
         self.w_ready = len(self.out)
+        for t in range(self.T):
+            x = cm.v_x + t * dS
+            self.vec("ADD", x, x, d, src2=cm.v_y + t * dS,
+                     xdst=cm.x_a + t * dS if self.x16_x else None)
+        self.xa_ready = self.x16_x
         self.dump(0)
         for li, lr in enumerate(cm.layers):
             self.layer(li, lr)
@@ -912,16 +917,17 @@ class _Emitter:
                                        cm.logits_row + (r0 * L + done[0]) // per_row)
                         done[0] = end
 
+                tail = k == len(chunks) - 1         # (what the last job's work costs shows)
                 if k == 0:
                     self.ln_matvec((head_row + r0 * head_cb, n, head_cb), buf, 0, hb, store,
-                                   toks=[T - 1])
+                                   toks=[T - 1], short_tail=tail)
                 else:      # (the statistics are done: the fix-up alone)
                     def fix(j, r, rows, buf=buf, hb=hb, store=store):
                         self.ln_fixup(T - 1, buf + r, rows, hb + r)
                         store(j, r, rows)
 
                     self.matvec((head_row + r0 * head_cb, n, head_cb), self.xa, 0, buf, 0,
-                                tokens=1, then=fix)
+                                tokens=1, then=fix, short_tail=tail)
 
     def projection(self, m, xb, xstride, bias, first=None):
         """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and

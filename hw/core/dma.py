@@ -12,7 +12,7 @@ strobed single-beat AXI write. Every write's response is awaited before the STOR
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.units import Fp32ToFp16, fp16_to_fp32_comb
@@ -76,20 +76,26 @@ class DmaRead(wiring.Component):
             m.submodules[f"rd{k}"] = r
             m.d.comb += r.base.eq(getattr(self, f"ptr_{k}"))
 
-        # -- command side: give every reader the same run of beats ----------------------
+        # -- command side: up to 4 commands queued (issue goes on while a reader is still
+        # busy with the last run's bursts); every reader is given the same run of beats ----
         kinds = SyncFIFOBuffered(width=1 + 16 + 16 + 1, depth=4)   # wload, vsp, n, f32
         m.submodules.kinds = kinds
-        sent = Signal(C)
+        runs = SyncFIFO(width=48, depth=4)                          # row, count
+        m.submodules.runs = runs
         cmd = self.cmd.payload
+        accept = self.cmd.valid & kinds.w_rdy & runs.w_rdy
+        m.d.comb += [self.cmd.ready.eq(kinds.w_rdy & runs.w_rdy), kinds.w_en.eq(accept),
+                     kinds.w_data.eq(Cat(cmd.wload, cmd.vsp, cmd.n, cmd.f32)),
+                     runs.w_en.eq(accept), runs.w_data.eq(Cat(cmd.row, cmd.count))]
+        sent = Signal(C)
         all_sent = Signal()
         m.d.comb += all_sent.eq(Cat(*[sent[k] | r.cmd.ready for k, r in enumerate(self.readers)]).all())
         for k, r in enumerate(self.readers):
-            m.d.comb += [r.cmd.valid.eq(self.cmd.valid & kinds.w_rdy & ~sent[k]),
-                         r.cmd.payload.addr.eq(cmd.row), r.cmd.payload.beats.eq(cmd.count)]
-        accept = self.cmd.valid & kinds.w_rdy & all_sent
-        m.d.comb += [self.cmd.ready.eq(accept), kinds.w_en.eq(accept),
-                     kinds.w_data.eq(Cat(cmd.wload, cmd.vsp, cmd.n, cmd.f32))]
-        with m.If(accept):
+            m.d.comb += [r.cmd.valid.eq(runs.r_rdy & ~sent[k]),
+                         r.cmd.payload.addr.eq(runs.r_data[0:24]),
+                         r.cmd.payload.beats.eq(runs.r_data[24:48])]
+        with m.If(runs.r_rdy & all_sent):
+            m.d.comb += runs.r_en.eq(1)
             m.d.sync += sent.eq(0)
         with m.Else():
             for k, r in enumerate(self.readers):
@@ -164,7 +170,7 @@ class DmaRead(wiring.Component):
                     m.d.comb += [kinds.r_en.eq(1), self.done.eq(1)]
             with m.Else():
                 m.d.sync += pos.eq(pos + 1)
-        m.d.comb += self.busy.eq((kinds.level != 0) | self.cmd.valid |
+        m.d.comb += self.busy.eq((kinds.level != 0) | runs.r_rdy | self.cmd.valid |
                                  Cat(*[r.busy for r in self.readers]).any())
         return m
 

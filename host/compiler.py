@@ -812,8 +812,9 @@ class _Emitter:
         # what is live).
         sK = _up(rbk * L, W)
         HN = H * sK
-        for t in range(T if not q16 else 0):
-            self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS + cm.q_off, dq)
+        if not q16:
+            for t in range(T):
+                self.vec("CVT16", cm.x_q + t * dq, cm.v_qkv + t * qS + cm.q_off, dq)
         self.kv_ready = k_wait[0] if k_wait else len(self.out)
         for h in range(H):
             self.matvec((0, rbk, cbk), cm.x_q + h * hdp, dq, cm.v_sc + h * sK, HN, kv=kseg[h],

@@ -292,32 +292,25 @@ class CardModel:
 
     def _ranges(self, op, f):
         """(reads, writes) address ranges as hw/core/issue.py holds them: (space, lo, hi)."""
-        reads, write = self._ranges1(op, f)
-        writes = [write] if write else []
-        if op == "VEC" and f["x16"]:
-            writes.append(("xb", f["xdst"], f["xdst"] + f["n"]))
-        return reads, writes
-
-    def _ranges1(self, op, f):
         S = self.S
         if op == "LOAD":
             rows = -(-(f["n"] * (4 if f["f32"] else 2)) // S)
-            return [("hbm", f["row"], f["row"] + rows)], ("vsp", f["vsp"], f["vsp"] + f["n"])
+            return [("hbm", f["row"], f["row"] + rows)], [("vsp", f["vsp"], f["vsp"] + f["n"])]
         if op == "STORE":
             epg, gpr = 1 << f["lepg"], 1 << f["lgpr"]
             groups = -(-f["n"] // epg)
             rows = -(-groups // gpr)
             last = f["row"] + (rows - 1) * f["rstride"]
-            return [("vsp", f["vsp"], f["vsp"] + f["n"])], ("hbm", f["row"], last + 1)
+            return [("vsp", f["vsp"], f["vsp"] + f["n"])], [("hbm", f["row"], last + 1)]
         if op == "WLOAD":
-            return [("hbm", f["row"], f["row"] + f["tiles"])], None
+            return [("hbm", f["row"], f["row"] + f["tiles"])], []
         if op == "MATVEC":
             T = f["tokens"]
             rbl = f["rb"] * self.L
             reads = [("xb", f["xb"], f["xb"] + (T - 1) * f["xstride"] + f["cb"] * self.W)]
             if f["bias_en"]:
                 reads.append(("vsp", f["bias"], f["bias"] + rbl))
-            return reads, ("vsp", f["dst"], f["dst"] + (T - 1) * f["dstride"] + rbl)
+            return reads, [("vsp", f["dst"], f["dst"] + (T - 1) * f["dstride"] + rbl)]
         if op == "VEC":
             vop = f["vop"]
             n = f["n"]
@@ -326,18 +319,21 @@ class CardModel:
                 reads.append(("vsp", f["src2"], f["src2"] + (1 if f["bcast"] else n)))
             d = 1 if vop in REDUCE_VOPS else n
             space = "xb" if vop == VOPS["CVT16"][0] else "vsp"
-            return reads, (space, f["dst"], f["dst"] + d)
+            writes = [(space, f["dst"], f["dst"] + d)]
+            if f["x16"]:                     # the fp16 copy (VEC.x16)
+                writes.append(("xb", f["xdst"], f["xdst"] + n))
+            return reads, writes
         if op == "COLL":
             n = f["n"]
             if f["hbm"]:
                 return ([("hbm", f["src"], f["src"] + -(-4 * n // S))],
-                        ("hbm", f["dst"], f["dst"] + -(-4 * n // S)))
-            return [("vsp", f["src"], f["src"] + n)], ("vsp", f["dst"], f["dst"] + n)
-        return [], None
+                        [("hbm", f["dst"], f["dst"] + -(-4 * n // S))])
+            return [("vsp", f["src"], f["src"] + n)], [("vsp", f["dst"], f["dst"] + n)]
+        return [], []
 
 
 def _hits(a, b):
-    return a is not None and b is not None and a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
 def _after_hazards(t, inflight, reads, writes):

@@ -18,7 +18,7 @@ from pathlib import Path
 import amaranth
 from amaranth._toolchain.yosys import find_yosys
 from amaranth.back import rtlil
-from amaranth.hdl import Signal, Value, ValueCastable
+from amaranth.hdl import Elaboratable, Signal, Value, ValueCastable
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 
@@ -65,6 +65,24 @@ def _sources_digest():
     return h.hexdigest()
 
 
+def _count_as_elaborated(component):
+    """A cached netlist stands for the component's elaboration: the elaboratables it holds
+    (built in constructors) count as used, or Amaranth warns of each as it is collected."""
+    stack, seen = [component], set()
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, Elaboratable):
+            o._MustUse__used = True
+            stack.extend(getattr(o, "__dict__", {}).values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
+
+
 def _rtlil(component, name, ports, cache_key):
     if cache_key is None:
         return rtlil.convert(component, name=name, ports=ports, emit_src=False)
@@ -72,6 +90,7 @@ def _rtlil(component, name, ports, cache_key):
     path = RTLIL_CACHE / f"{name}-{key}.il"
     if path.exists():
         os.utime(path)
+        _count_as_elaborated(component)
         return path.read_text()
     text = rtlil.convert(component, name=name, ports=ports, emit_src=False)
     RTLIL_CACHE.mkdir(parents=True, exist_ok=True)

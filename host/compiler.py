@@ -126,14 +126,20 @@ class Vsp:
     def _fits(self, a, n):
         return a + n <= self.words and all(a + n <= lo or hi <= a for lo, hi in self.used.items())
 
-    def __call__(self, n, align=None, avoid=(), strict=False):
+    def __call__(self, n, align=None, avoid=(), strict=False, split=None):
+        """``split``: where room allows, word ``split`` of the buffer starts a segment (a
+        two-operand pass reads the words before it with those after it)."""
         al = align or self.align
         cands = sorted({_up(x, al) for x in [0, *self.used.values(),
                                               *range(0, self.words, self.segment)]})
         bad = set().union(*(self._segs(b, self.used[b] - b) for b in avoid if b in self.used))
-        a = next((a for a in cands if self._fits(a, n) and not self._segs(a, n) & bad), None)
-        if a is None and not strict:
-            a = next((a for a in cands if self._fits(a, n)), None)
+        apart = [a for a in cands if not self._segs(a, n) & bad]
+        tries = [apart] if strict else [apart, cands]
+        if split is not None:       # split first, then apart
+            at = [b - split for b in range(self.segment, self.words, self.segment)
+                  if b - split >= 0 and (b - split) % al == 0]
+            tries = [[a for a in at if not self._segs(a, n) & bad]] + ([] if strict else [at]) + tries
+        a = next((a for t in tries for a in t if self._fits(a, n)), None)
         if a is None:
             raise UserError(f"model: needs more than the {self.words} {self.what} words this "
                             f"build has (core.{'vsp' if self.what == 'VSP' else 'xb'}_words)")
@@ -208,6 +214,7 @@ class CompiledModel:
         tries = [(a, T, s) for s in (True, False) for a in ([param_areas] if param_areas else [2, 1])
                  for T in ([max_tokens] if max_tokens else range(8, 0, -1))]
         for k, (self.param_areas, self.T, self._by_segment) in enumerate(tries):
+            self._gather = None
             try:
                 self._alloc_onchip()
                 break
@@ -383,6 +390,21 @@ class CompiledModel:
         self.v_const = v(self.P)
         self.v_mask = v(self.nS)      # decode: 0 up to the step's position, -inf past it
         self.v_x = v(_up(T * self.dS, self.B))     # (an all-reduce's result: whole beats)
+        # Decode's all-reduces as an all-gather of the cards' partial sums (N - 1 ring steps
+        # instead of 2(N - 1)) and their sum in card order on every card, x = p0 + p1, then
+        # x += p2 ...: card 0's block in another segment than the rest (and x where room
+        # allows), so that each addition reads its operands from two segments. Where it fits
+        # (decided for the largest share, so that every card's programs have the same COLLs).
+        self.v_g = None
+        if self.cards > 1 and self._gather is not False:
+            blk = _up(self.dS, self.B)
+            try:
+                self.v_g = v(self.cards * blk, avoid=[self.v_x], split=blk)
+            except UserError:
+                if self._gather:
+                    raise
+        if self._gather is None:
+            self._gather = self.v_g is not None
         self.v_y = v(_up(T * self.dS, self.B), avoid=[self.v_x])   # all-reduced in place
         self.v_yb = v(T * self.dS, avoid=[self.v_x, self.v_y])      # mlp.c_proj's second part
         self.v_qkv = v(T * self.qS)
@@ -957,6 +979,16 @@ class _Emitter:
             return
         if len(parts) == 2:
             self.vec("ADD", cm.v_y, cm.v_y, T * dS, src2=cm.v_yb)
+        if fold and cm.v_g is not None:
+            # all-gather, then x = ((p0 + p1) + p2) + ... in card order, alike on every card;
+            # the last addition writes fp16(x) for the next MATVEC.
+            self.e("COLL", cop=0, src=cm.v_y, dst=cm.v_g, n=dS)
+            blk = _up(dS, cm.B)
+            for j in range(1, cm.cards):
+                self.vec("ADD", cm.v_x, cm.v_g if j == 1 else cm.v_x, dS, src2=cm.v_g + j * blk,
+                         xdst=cm.x_a if x16 and j == cm.cards - 1 else None)
+            self.xa_ready = x16
+            return
         if fold:
             self.e("COLL", cop=2, src=cm.v_y, dst=cm.v_x, n=T * dS)
             return

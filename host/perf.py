@@ -22,8 +22,9 @@ instruction, with the structure of the RTL (docs/architecture.md):
   latency and the pass's fixed overhead; reductions are the ISA's row-halving passes and lane
   folds;
 - the store engine: one element per cycle, then the write responses;
-- COLL: every card waits for the slowest, then the ring all-reduce's cost from the link's
-  latency and rate, the per-hop overhead measured on the collective engine, and the framing.
+- COLL: every card waits for the slowest, then the ring all-reduce's (or all-gather's) cost
+  from the link's latency and rate, the per-hop overhead measured on the collective engine,
+  and the framing.
 
 Every constant that is not a structural fact of the RTL (a pipeline latency from hw/arith, a
 FIFO depth) is one of the few fixed overheads in ``Overheads``; ``calibrate()`` measures the
@@ -74,14 +75,16 @@ class Overheads:
     mpu_tail: int = 3          # last accumulation to done (output FIFO, writer)
     halt: int = 3              # HALT to ap_done
     coll_hop: int = 30         # collective engine per ring step beyond the link
+    coll_gather_hop: int = 14  # the same for an all-gather's step (its beats counted twice)
 
 
 class CardModel:
     """Timing of one card's program. ``run(words)`` is a generator: it yields each COLL's
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
-    def __init__(self, cfg, *, overheads=Overheads(), trace=False):
+    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None):
         self.cfg, self.o = cfg, overheads
+        self.cards = cards or cfg.cards
         self.trace = [] if trace else None      # (pc, op, issue cycle, done cycle)
         c = cfg.core
         self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
@@ -328,7 +331,9 @@ class CardModel:
             if f["hbm"]:
                 return ([("hbm", f["src"], f["src"] + -(-4 * n // S))],
                         [("hbm", f["dst"], f["dst"] + -(-4 * n // S))])
-            return [("vsp", f["src"], f["src"] + n)], [("vsp", f["dst"], f["dst"] + n)]
+            B = self.cfg.link.data_bits // 32        # the result: whole beats, N blocks of
+            out = -(-n // B) * B * (self.cards if f["cop"] == 0 else 1)  # them if gathered
+            return [("vsp", f["src"], f["src"] + n)], [("vsp", f["dst"], f["dst"] + out)]
         return [], []
 
 
@@ -353,15 +358,19 @@ def _chain(avail, gaps):
     return np.maximum.accumulate(avail - offs) + offs
 
 
-def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", card=True):
+def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", card=True,
+                op="allreduce"):
     """Cycles of a ring all-reduce of ``words`` fp32 words (whole link beats) over ``cards``:
     2(N-1) steps, each a segment of 1/N of the message (half of it each way on a
     bidirectional ring) sent whole through one link (its beats at the line rate, a trailer beat
     per frame), then the link's latency and the engine's per-hop overhead; and one more latency
-    for the last acknowledgement. This is the small-message regime of GPT-2's decode (a few
-    KiB per all-reduce); calibrate() reports its error against the collective engine's RTL
-    (``card=False``: the node alone, on a one-cycle memory). With ``card`` (the default), the
-    card's collective unit around it: its setup and its one VSP port each way."""
+    for the last acknowledgement. An all-gather (``op``) of ``words`` from every card: N-1
+    steps, each a card's whole vector (half of it each way), received whole before it is sent
+    on. This is the small-message regime
+    of GPT-2's decode (a few KiB per all-reduce); calibrate() reports its error against the
+    collective engine's RTL (``card=False``: the node alone, on a one-cycle memory). With
+    ``card`` (the default), the card's collective unit around it: its setup and its one VSP
+    port each way."""
     if cards == 1:
         return 0
     beat = cfg.link.data_bits // 8
@@ -373,31 +382,44 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     def wire(beats):            # payload and a trailer beat per frame, at the line rate
         return (beats + -(-beats // frame)) * beat / cfg.link_bytes_per_cycle
 
+    if op not in ("allreduce", "allgather"):
+        raise ValueError(f"collective {op!r}")
     if algorithm == "exchange":
         # Not built: every card sends its whole vector both ways (one way on a unidirectional
-        # ring), each forwarded until it has reached every card, ceil((N-1)/2) hops; then
-        # every card sums the N vectors in card order (one beat per cycle). A what-if.
+        # ring), each forwarded until it has reached every card, ceil((N-1)/2) hops; for an
+        # all-reduce, every card then sums the N vectors in card order (one beat per cycle;
+        # the compiler's decode does that sum itself, after an all-gather). A what-if.
         hops = -(-(cards - 1) // dirs)
-        return int(math.ceil(hops * (lat + overheads.coll_hop + wire(nb)) + lat + (cards - 1) * nb))
+        add = (cards - 1) * nb if op == "allreduce" else 0
+        return int(math.ceil(hops * (lat + overheads.coll_hop + wire(nb)) + lat + add))
     if algorithm != "ring":
-        raise ValueError(f"all-reduce algorithm {algorithm!r}")
-    seg = -(-nb // (cards * dirs))                 # beats per step and direction
-    steps = 2 * (cards - 1)
+        raise ValueError(f"collective algorithm {algorithm!r}")
+    if op == "allgather":
+        seg, steps = -(-nb // dirs), cards - 1
+    else:
+        seg = -(-nb // (cards * dirs))             # beats per step and direction
+        steps = 2 * (cards - 1)
     # On the card, the collective unit moves a beat as R rows through its one VSP port each way
     # (hw/core/coll.py), and first computes the geometry (a 22-step division and N table
     # entries per ring direction).
     from hw.core.coll import DIV_BITS
     rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
     setup = dirs * (DIV_BITS + 2 + cards) + 3 if card else 0
-    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + max(wire(seg), seg * rows))
-                         + setup))
+    move = max(wire(seg), seg * rows)
+    if op == "allgather":
+        # A block is sent on once all of it has arrived: its beats cross a link in, then out,
+        # each step. On the card, the unit first copies the card's own block into place.
+        return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_gather_hop + 2 * move)
+                             + setup + (nb * rows if card else 0)))
+    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + move) + setup))
 
 
-def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):
+def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring"):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
-    cards. Returns per-card figures and the step's cycles (the slowest card)."""
+    cards. Returns per-card figures and the step's cycles (the slowest card).
+    ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if)."""
     cards = len(programs)
-    gens = [CardModel(cfg, overheads=overheads).run(p) for p in programs]
+    gens = [CardModel(cfg, overheads=overheads, cards=cards).run(p) for p in programs]
     results = [None] * cards
     waiting = [None] * cards
 
@@ -414,11 +436,12 @@ def simulate(cfg, programs, *, overheads=Overheads(), allreduce="ring"):
             raise ValueError("perf model: the cards' programs disagree on their COLLs")
         ready = max(w[0] for w in waiting)
         f = waiting[0][1]
-        if f["hbm"] or f["cop"] != 2:
-            raise ValueError("perf model: only all-reduces on the VSP are modelled (the compiler's "
-                             "COLLs); this program has another COLL")
-        done = ready + 1 + coll_cycles(cfg, cards, waiting[0][1]["n"], overheads=overheads,
-                                       algorithm=allreduce)
+        if f["hbm"] or f["cop"] not in (0, 2):
+            raise ValueError("perf model: only all-reduces and all-gathers on the VSP are "
+                             "modelled (the compiler's COLLs); this program has another COLL")
+        op = "allreduce" if f["cop"] == 2 else "allgather"
+        done = ready + 1 + coll_cycles(cfg, cards, f["n"], overheads=overheads,
+                                       algorithm=coll_algorithm, op=op)
         for i in range(cards):
             resume(i, done)
     return {"cycles": max(r["cycles"] for r in results), "cards": results}
@@ -438,14 +461,14 @@ class StepCosts:
     sampled at a few positions and interpolated linearly in between (a step's cost grows
     linearly with its position: the attention over the KV cache)."""
 
-    def __init__(self, cfg, shape, cards, *, overheads=Overheads(), allreduce="ring"):
+    def __init__(self, cfg, shape, cards, *, overheads=Overheads(), coll_algorithm="ring"):
         from .compiler import CompiledModel, check_limits
         from .model import Gpt2
         check_limits(cfg, shape, "--model-shape")
         model = Gpt2(shape, None)
         self.cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
         self.T, self.cfg, self.o = self.cms[0].T, cfg, overheads
-        self.cards, self.shape, self.allreduce = cards, shape, allreduce
+        self.cards, self.shape, self.coll_algorithm = cards, shape, coll_algorithm
         self._memo = {}
 
     def at(self, tokens, pos0):
@@ -454,7 +477,7 @@ class StepCosts:
         if key not in self._memo:
             progs = [cm.step([0] * tokens, pos0) for cm in self.cms]
             self._memo[key] = simulate(self.cfg, progs, overheads=self.o,
-                                       allreduce=self.allreduce)["cycles"]
+                                       coll_algorithm=self.coll_algorithm)["cycles"]
         return self._memo[key]
 
     def curve(self, tokens, first, last, samples=5):

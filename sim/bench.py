@@ -409,16 +409,18 @@ def calibrate_perf(*, log=print, cases=None, collectives=True):
     colls = []
     from gen.config import load_config
     u = load_config(ROOT / "configs" / "u280x4.yaml")
-    for cards in (2, 4) if collectives else ():
-        for words in (1024, 1600):
-            fig, *_ = run_collective(u, "allreduce", words, cards=cards,
-                                     bidirectional=u.topology == "bidirectional_ring")
-            model = coll_cycles(u.replace(cards=cards), cards, words, card=False)
-            err = (model - fig["cycles"]) / fig["cycles"]
-            colls.append({"config": u.name, "cards": cards, "words": words, "rtl_cycles": fig["cycles"],
-                          "model_cycles": model, "error": round(err, 4)})
-            log(f"  all-reduce of {words} words on {cards} cards ({u.name}): RTL {fig['cycles']}, "
-                f"model {model} ({err:+.1%})")
+    for op in ("allreduce", "allgather") if collectives else ():
+        for cards in (2, 4):
+            for words in (1024, 1600):
+                fig, *_ = run_collective(u, op, words, cards=cards,
+                                         bidirectional=u.topology == "bidirectional_ring")
+                model = coll_cycles(u.replace(cards=cards), cards, words, card=False, op=op)
+                err = (model - fig["cycles"]) / fig["cycles"]
+                colls.append({"config": u.name, "op": op, "cards": cards, "words": words,
+                              "rtl_cycles": fig["cycles"], "model_cycles": model,
+                              "error": round(err, 4)})
+                log(f"  {op} of {words} words on {cards} cards ({u.name}): RTL {fig['cycles']}, "
+                    f"model {model} ({err:+.1%})")
     return {"steps": runs, "collectives": colls,
             "calibration_error": max(abs(r["error"]) for r in runs),
             "collective_error": max((abs(r["error"]) for r in colls), default=None)}
@@ -474,13 +476,13 @@ def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64):
                     base, core=dataclasses.replace(base.core, vector_lanes=lanes),
                     link=dataclasses.replace(base.link, latency_cycles=100)))]
     from host.perf import StepCosts
-    variants.append(("all-reduce by exchange (not built: each card's vector both ways, "
+    variants.append(("all-gather by exchange (not built: each card's whole vector both ways, "
                      "ceil((N-1)/2) hops)", base))
     variants.append(("exchange and 16 vector lanes", variants[1][1]))
     out = []
     for name, c in variants:
         algo = "exchange" if "exchange" in name else "ring"
-        costs = StepCosts(c, SHAPES[shape], cards, allreduce=algo)
+        costs = StepCosts(c, SHAPES[shape], cards, coll_algorithm=algo)
         r = predict(c, SHAPES[shape], cards=cards, prompt=length, new_tokens=length, costs=costs)
         out.append({"variant": name, "model": shape, "cards": cards, "in_out": f"{length}:{length}",
                     "decode_ms_per_token": r["decode_ms_per_token"],

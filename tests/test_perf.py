@@ -69,14 +69,15 @@ def test_recorded_calibration():
         assert perf.simulate(cfg, [prog])["cycles"] == r["model_cycles"], r
 
 
-@pytest.mark.parametrize("cards, words", [(2, 128), (4, 768)])
-def test_collective_model_matches_engine(cards, words):
+@pytest.mark.parametrize("op, cards, words", [("allreduce", 2, 128), ("allreduce", 4, 768),
+                                               ("allgather", 2, 128), ("allgather", 4, 768)])
+def test_collective_model_matches_engine(op, cards, words):
     from sim.fabric import run_collective
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
-    fig, *_ = run_collective(cfg, "allreduce", words, cards=cards)
-    model = perf.coll_cycles(cfg, cards, words, card=False)
+    fig, *_ = run_collective(cfg, op, words, cards=cards)
+    model = perf.coll_cycles(cfg, cards, words, card=False, op=op)
     err = (model - fig["cycles"]) / fig["cycles"]
-    print(f"all-reduce of {words} words on {cards} cards: engine {fig['cycles']}, model {model} ({err:+.1%})")
+    print(f"{op} of {words} words on {cards} cards: engine {fig['cycles']}, model {model} ({err:+.1%})")
     assert abs(err) <= TOL
 
 
@@ -99,22 +100,27 @@ def test_model_matches_the_rtl_ring():
 
 
 def test_allreduce_what_if():
-    """The exchange all-reduce (a what-if, not built) beats the ring on decode-sized messages
-    of the bidirectional u280x4 ring, and an unknown algorithm is refused."""
+    """The exchange all-reduce and all-gather (what-ifs, not built) beat the ring's on
+    decode-sized messages of the bidirectional u280x4 ring, the ring's all-gather beats its
+    all-reduce (half the steps), and an unknown algorithm or collective is refused."""
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     assert perf.coll_cycles(cfg, 4, 1600, algorithm="exchange") < perf.coll_cycles(cfg, 4, 1600)
+    ag = [perf.coll_cycles(cfg, 4, 1600, algorithm=a, op="allgather") for a in ("exchange", "ring")]
+    assert ag[0] < ag[1] < perf.coll_cycles(cfg, 4, 1600)
     assert perf.coll_cycles(cfg, 1, 1600, algorithm="exchange") == 0
     with pytest.raises(ValueError):
         perf.coll_cycles(cfg, 4, 1600, algorithm="tree")
+    with pytest.raises(ValueError):
+        perf.coll_cycles(cfg, 4, 1600, op="broadcast")
 
 
 def test_cards_wait_for_each_other_at_every_coll():
     """GPT-2 1.5B on 4 cards: 25 heads as 6, 6, 6, 7. Every COLL ends when the last card
     reaches it plus the all-reduce's cost, so the step takes the slowest card's time alone
-    plus most of 96 all-reduces (two per layer: each depends on the one before through the
-    layer's chain; what overlaps them is the tail work the chain does not wait for, such as
-    a STORE's write responses or a parameter LOAD), and every card ends at the same COLL-paced
-    time give or take its own tail. No card beats the HBM's time for its weights."""
+    plus most of 96 all-reduces (two per layer, all-gathers in decode: each depends on the one
+    before through the layer's chain; what overlaps them is the tail work the chain does not
+    wait for, such as a STORE's write responses or a parameter LOAD), and every card ends at
+    the same COLL-paced time give or take its own tail. No card beats the HBM's time for its weights."""
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     costs = perf.StepCosts(cfg, SHAPES["gpt2-xl"], 4)
     assert [cm.H for cm in costs.cms] == [6, 6, 6, 7]
@@ -129,7 +135,9 @@ def test_cards_wait_for_each_other_at_every_coll():
                 t = g.send(t + 1)[0]        # every COLL done at once, alone
         except StopIteration as stop:
             alone.append(stop.value["cycles"])
-    coll = perf.coll_cycles(cfg, 4, costs.cms[0].dS)          # one token: d_model words
+    # one token: d_model words, all-gathered (and summed on every card)
+    assert all(cm.v_g is not None for cm in costs.cms)
+    coll = perf.coll_cycles(cfg, 4, costs.cms[0].dS, op="allgather")
     assert coll > 0
     assert joint["cycles"] >= 96 * coll
     assert joint["cycles"] - max(alone) >= 0.85 * 96 * coll

@@ -84,10 +84,11 @@ def test_iss_matches_float64(demo, cards):
     assert err < LOGIT_TOL
     assert len(stats.decode_steps) == 31 and stats.prompt_tokens == len(ids)
     link = stats.summary(cfg)["link_bytes_per_token"]
-    # two all-reduces per layer of d_model fp32 words, 2(N-1)/N of them sent by each card
+    # two all-reduces per layer of d_model fp32 words; in decode each is an all-gather (every
+    # card's vector sent on to the N-1 others) and the sum on every card
     B = cfg.link.data_bits // 32
     msg = -(-model.shape.d_model // B) * B * 4
-    assert link == 2 * model.shape.n_layer * 2 * (cards - 1) * msg
+    assert link == 2 * model.shape.n_layer * cards * (cards - 1) * msg
 
 
 def _rtl_vs_iss(demo, steps):

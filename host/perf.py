@@ -384,34 +384,32 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
 
     if op not in ("allreduce", "allgather"):
         raise ValueError(f"collective {op!r}")
-    if algorithm == "exchange":
-        # Not built: every card sends its whole vector both ways (one way on a unidirectional
-        # ring), each forwarded until it has reached every card, ceil((N-1)/2) hops; for an
-        # all-reduce, every card then sums the N vectors in card order (one beat per cycle;
-        # the compiler's decode does that sum itself, after an all-gather). A what-if.
-        hops = -(-(cards - 1) // dirs)
-        add = (cards - 1) * nb if op == "allreduce" else 0
-        return int(math.ceil(hops * (lat + overheads.coll_hop + wire(nb)) + lat + add))
-    if algorithm != "ring":
+    if algorithm not in ("ring", "exchange"):
         raise ValueError(f"collective algorithm {algorithm!r}")
-    if op == "allgather":
-        seg, steps = -(-nb // dirs), cards - 1
-    else:
-        seg = -(-nb // (cards * dirs))             # beats per step and direction
-        steps = 2 * (cards - 1)
     # On the card, the collective unit moves a beat as R rows through its one VSP port each way
     # (hw/core/coll.py), and first computes the geometry (a 22-step division and N table
     # entries per ring direction).
     from hw.core.coll import DIV_BITS
     rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
     setup = dirs * (DIV_BITS + 2 + cards) + 3 if card else 0
-    move = max(wire(seg), seg * rows)
-    if op == "allgather":
+    if algorithm == "exchange" or op == "allgather":
+        # All-gather: N-1 steps, a card's vector (half of it each way) per step. Exchange (not
+        # built, a what-if): every card's whole vector goes both ways, ceil((N-1)/2) steps; as
+        # an all-reduce, every card then sums the N vectors in card order (one beat a cycle).
         # A block is sent on once all of it has arrived: its beats cross a link in, then out,
         # each step. On the card, the unit first copies the card's own block into place.
+        if algorithm == "exchange":
+            seg, steps = nb, -(-(cards - 1) // dirs)
+        else:
+            seg, steps = -(-nb // dirs), cards - 1
+        add = (cards - 1) * nb if op == "allreduce" else 0
+        move = max(wire(seg), seg * rows)
         return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_gather_hop + 2 * move)
-                             + setup + (nb * rows if card else 0)))
-    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + move) + setup))
+                             + setup + (nb * rows if card else 0) + add))
+    seg = -(-nb // (cards * dirs))             # beats per step and direction
+    steps = 2 * (cards - 1)
+    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + max(wire(seg), seg * rows))
+                         + setup))
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring"):

@@ -58,7 +58,6 @@ bench: setup
 package: setup
 	$(GPTFPGA) package $(CONFIG)
 
-# One card for now: several cards need the collective instructions inside the card.
 run: setup
 	$(GPTFPGA) run --config $(CONFIG) --backend rtl --max-new-tokens 32
 

@@ -310,7 +310,7 @@ def cmd_perf(args):
     import json
 
     from .model import SHAPES, load_shape
-    from .perf import DFX, predict
+    from .perf import DFX, StepCosts, predict, simulate, trace_table
     cfg = load_config(args.config)
     if args.model_shape in SHAPES:
         shape = SHAPES[args.model_shape]
@@ -332,7 +332,23 @@ def cmd_perf(args):
                         f"beyond the model's context of {shape.n_positions} positions (+1 for the "
                         f"last token)")
     cfg = cfg.replace(cards=cards, clock_mhz=args.clock_mhz or cfg.clock_mhz)
-    r = predict(cfg, shape, cards=cards, prompt=args.prompt_tokens, new_tokens=args.new_tokens)
+    costs = StepCosts(cfg, shape, cards)
+    r = predict(cfg, shape, cards=cards, prompt=args.prompt_tokens, new_tokens=args.new_tokens,
+                costs=costs)
+    if args.trace:
+        # the first decode step: one token at the prompt's end
+        progs = [cm.step([0], args.prompt_tokens) for cm in costs.cms]
+        step = simulate(cfg, progs, trace=True)
+        doc = {"config": cfg.name, "model_shape": args.model_shape, "cards": cards,
+               "step": "decode", "position": args.prompt_tokens, "cycles": step["cycles"],
+               "source": "the performance model's timeline, not measured",
+               "rows": trace_table(cfg, progs, step)}
+        try:
+            Path(args.trace).write_text(json.dumps(doc) + "\n")
+        except OSError as e:
+            raise UserError(f"--trace: cannot write {args.trace!r}: {e.strerror}") from None
+        print(f"wrote {args.trace}: {len(doc['rows'])} instructions over {cards} card(s), "
+              f"{step['cycles']} cycles", file=sys.stderr if args.json else sys.stdout)
     from sim.bench import recorded_calibration
     cal = recorded_calibration() or {}
     r = {"config": cfg.name, "model_shape": args.model_shape, **r,
@@ -446,6 +462,8 @@ def build_parser():
     pf.add_argument("--prompt-tokens", type=int, default=32)
     pf.add_argument("--new-tokens", type=int, default=32)
     pf.add_argument("--json", action="store_true", help="one JSON object")
+    pf.add_argument("--trace", help="write the modelled timeline of the first decode step (every "
+                                    "card's instructions: issue and done cycles, fields) as JSON")
     pf.set_defaults(func=cmd_perf)
 
     pk = sub.add_parser("package", help="the card as a Vitis RTL kernel: Verilog, kernel.xml, "

@@ -412,12 +412,14 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
                          + setup))
 
 
-def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring"):
+def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card).
-    ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if)."""
+    ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if). With
+    ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)]."""
     cards = len(programs)
-    gens = [CardModel(cfg, overheads=overheads, cards=cards).run(p) for p in programs]
+    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace) for _ in programs]
+    gens = [m.run(p) for m, p in zip(models, programs, strict=True)]
     results = [None] * cards
     waiting = [None] * cards
 
@@ -442,7 +444,27 @@ def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring"):
                                        algorithm=coll_algorithm, op=op)
         for i in range(cards):
             resume(i, done)
+    if trace:
+        for r, m in zip(results, models, strict=True):
+            r["trace"] = m.trace
     return {"cycles": max(r["cycles"] for r in results), "cards": results}
+
+
+def trace_table(cfg, programs, result):
+    """One row per instruction and card of a traced ``simulate`` (JSON-ready): the card, pc,
+    opcode, the cycle it issued and the cycle it was done, its fields, and the matrix unit's
+    idle cycles before it (a MATVEC's wait for its input: the decode chain's stalls)."""
+    rows = []
+    for card, (prog, r) in enumerate(zip(programs, result["cards"], strict=True)):
+        mpu_free = 0
+        for pc, op, issue, done in r["trace"]:
+            row = {"card": card, "pc": pc, "op": op, "issue": int(issue), "done": int(done),
+                   **{k: int(v) for k, v in decode(prog[pc]).fields.items()}}
+            if op == "MATVEC":
+                row["mpu_idle_before"] = max(0, int(issue) - mpu_free)
+                mpu_free = max(mpu_free, int(done))
+            rows.append(row)
+    return rows
 
 
 # -- whole generations ---------------------------------------------------------------------------

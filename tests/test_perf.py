@@ -207,6 +207,34 @@ def test_cli_perf_model_directory():
     assert r["weight_bytes"] == 2 * (4 * 12 * 128 * 128 + 512 * 128)   # 4 layers of 12 d^2, the head
 
 
+def test_cli_perf_trace(tmp_path):
+    """--trace: the first decode step's timeline on every card, as the model ran it: in-order
+    issue, each instruction done after it issued, the same COLLs (all-gathers in decode) on
+    every card, the cards' last instructions ending by the step's cycles, and the matrix
+    unit's idle time before the MATVECs covering at least the all-gathers."""
+    out = tmp_path / "trace.json"
+    p = _cli("--config", "configs/tiny.yaml", "--model-shape", "host/demo", "--cards", "2",
+             "--prompt-tokens", "8", "--new-tokens", "8", "--json", "--trace", str(out))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["cards"] == 2
+    t = json.loads(out.read_text())
+    assert t["step"] == "decode" and t["position"] == 8 and t["cards"] == 2
+    colls = []
+    for card in range(2):
+        rows = [r for r in t["rows"] if r["card"] == card]
+        assert [r["pc"] for r in rows] == list(range(len(rows)))
+        assert all(b["issue"] >= a["issue"] for a, b in zip(rows, rows[1:], strict=False))
+        assert all(r["done"] > r["issue"] for r in rows)
+        assert max(r["done"] for r in rows) <= t["cycles"]
+        colls.append([(r["cop"], r["n"], r["done"]) for r in rows if r["op"] == "COLL"])
+        # the matrix unit idles at least through every all-gather (nothing to multiply
+        # before the residual stream is whole again)
+        mv = [r for r in rows if r["op"] == "MATVEC"]
+        gathers = sum(r["done"] - r["issue"] for r in rows if r["op"] == "COLL")
+        assert gathers < sum(r["mpu_idle_before"] for r in mv) < t["cycles"]
+    assert colls[0] == colls[1] and [c[0] for c in colls[0]] == [0] * 8    # 2 per layer
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--model-shape", "gpt3"], "--model-shape"),
     (["--model-shape", "gpt2-xl", "--config", "configs/tiny.yaml"], "d_model"),

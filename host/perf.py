@@ -74,8 +74,7 @@ class Overheads:
     mpu_start: int = 2         # command to the first step (bias-free)
     mpu_tail: int = 3          # last accumulation to done (output FIFO, writer)
     halt: int = 3              # HALT to ap_done
-    coll_hop: int = 30         # collective engine per ring step beyond the link
-    coll_gather_hop: int = 14  # the same for an all-gather's step (its beats counted twice)
+    coll_hop: int = 20         # collective engine per ring step beyond the link
 
 
 class CardModel:
@@ -360,17 +359,18 @@ def _chain(avail, gaps):
 
 def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", card=True,
                 op="allreduce"):
-    """Cycles of a ring all-reduce of ``words`` fp32 words (whole link beats) over ``cards``:
-    2(N-1) steps, each a segment of 1/N of the message (half of it each way on a
-    bidirectional ring) sent whole through one link (its beats at the line rate, a trailer beat
-    per frame), then the link's latency and the engine's per-hop overhead; and one more latency
-    for the last acknowledgement. An all-gather (``op``) of ``words`` from every card: N-1
-    steps, each a card's whole vector (half of it each way), received whole before it is sent
-    on. This is the small-message regime
-    of GPT-2's decode (a few KiB per all-reduce); calibrate() reports its error against the
-    collective engine's RTL (``card=False``: the node alone, on a one-cycle memory). With
-    ``card`` (the default), the card's collective unit around it: its setup and its one VSP
-    port each way."""
+    """Cycles of a ring collective of ``words`` fp32 words (whole link beats) per card over
+    ``cards``. A step sends a segment through one link and the next card takes it whole (its
+    CRC checked) before it adds it or sends it on: per step the link's latency, the segment's
+    beats in and then out at the line rate (a trailer beat per frame), and the engine's
+    overhead. All-reduce: 2(N-1) steps of 1/N of the message (half of it each way on a
+    bidirectional ring). All-gather (``op``): N-1 steps of a card's whole vector (half each
+    way), and its own block's first send. The collective is done when this card's result is
+    whole (the link layer keeps every frame until it is acknowledged). This is the
+    small-message regime of GPT-2's decode (a few KiB); calibrate() reports the error against
+    the collective engine's RTL (``card=False``: the node alone, on a one-cycle memory). With
+    ``card`` (the default), the card's collective unit around it: its setup, its one VSP port
+    each way, and an all-gather's copy of the card's own block into place."""
     if cards == 1:
         return 0
     beat = cfg.link.data_bits // 8
@@ -392,24 +392,21 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     from hw.core.coll import DIV_BITS
     rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
     setup = dirs * (DIV_BITS + 2 + cards) + 3 if card else 0
-    if algorithm == "exchange" or op == "allgather":
-        # All-gather: N-1 steps, a card's vector (half of it each way) per step. Exchange (not
-        # built, a what-if): every card's whole vector goes both ways, ceil((N-1)/2) steps; as
-        # an all-reduce, every card then sums the N vectors in card order (one beat a cycle).
-        # A block is sent on once all of it has arrived: its beats cross a link in, then out,
-        # each step. On the card, the unit first copies the card's own block into place.
-        if algorithm == "exchange":
-            seg, steps = nb, -(-(cards - 1) // dirs)
-        else:
-            seg, steps = -(-nb // dirs), cards - 1
+    first, add, own = 0, 0, 0
+    if algorithm == "exchange":
+        # Not built, a what-if: every card's whole vector both ways, ceil((N-1)/2) steps; as an
+        # all-reduce, every card then sums the N vectors in card order (one beat a cycle).
+        seg, steps = nb, -(-(cards - 1) // dirs)
         add = (cards - 1) * nb if op == "allreduce" else 0
-        move = max(wire(seg), seg * rows)
-        return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_gather_hop + 2 * move)
-                             + setup + (nb * rows if card else 0) + add))
-    seg = -(-nb // (cards * dirs))             # beats per step and direction
-    steps = 2 * (cards - 1)
-    return int(math.ceil((steps + 1) * lat + steps * (overheads.coll_hop + max(wire(seg), seg * rows))
-                         + setup))
+    elif op == "allgather":
+        seg, steps = -(-nb // dirs), cards - 1
+    else:
+        seg, steps = -(-nb // (cards * dirs)), 2 * (cards - 1)
+    move = max(wire(seg), seg * rows)
+    if op == "allgather" or algorithm == "exchange":
+        first = move
+        own = nb * rows if card else 0
+    return int(math.ceil(steps * (lat + overheads.coll_hop + 2 * move) + first + setup + own + add))
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False):

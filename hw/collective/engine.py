@@ -102,7 +102,6 @@ class RingChannel(wiring.Component):
         (max_chunks: chunks of the longest segment)
     seg_we, seg_addr, seg_data : In  the segment table
     send : Out(stream(Payload)) to the link sender; recv : In(stream(Payload)) from the receiver
-    link_idle : In(1)  everything sent has been acknowledged
     rd_src, rd_op : Out(MemRead); wr : Out(MemWrite)
     order_error : Out(1) sticky: a received frame's tag is not the one the schedule expects
     check : In(8)  a byte of the collective every card must agree on (the card's: n and cop),
@@ -120,7 +119,6 @@ class RingChannel(wiring.Component):
             "seg_we": In(1), "seg_addr": In(range(MAX_CARDS)), "seg_data": In(SegEntry),
             "send": Out(stream.Signature(Payload(data_bits))),
             "recv": In(stream.Signature(Payload(data_bits))),
-            "link_idle": In(1),
             "rd_src": Out(MemRead(data_bits)), "rd_op": Out(MemRead(data_bits)),
             "wr": Out(MemWrite(data_bits)),
             "order_error": Out(1),
@@ -314,7 +312,10 @@ class RingChannel(wiring.Component):
         with m.If(self.start):
             m.d.sync += [active.eq(1), tb.eq(0), rb.eq(0), *tw.reset(), *rw.reset(),
                          self.order_error.eq(0)]
+        # Done once every beat of this card's result is written and every beat it sends is in
+        # the link layer, which keeps each frame until it is acknowledged and delivers it or
+        # reports the link dead: the last acknowledgement's latency is not the collective's.
         with m.Elif(active & tw.done & rw.done & (lf.level == 0) & (l_out == 0) & (fw.level == 0)
-                    & (in_flight == 0) & (wf.level == 0) & self.link_idle):
+                    & (in_flight == 0) & (wf.level == 0)):
             m.d.sync += active.eq(0)
         return m

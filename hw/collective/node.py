@@ -107,7 +107,6 @@ class CollNode(wiring.Component):
         wiring.connect(m, pl.recv, cr.recv)
         wiring.connect(m, cl.send, pl.send)
         wiring.connect(m, pr.recv, cl.recv)
-        m.d.comb += [cr.link_idle.eq(pr.idle), cl.link_idle.eq(pl.idle)]
         for ch, c in (("r", cr), ("l", cl)):
             for port in ("rd_src", "rd_op", "wr"):
                 wiring.connect(m, getattr(c, port), wiring.flipped(getattr(self, f"mem_{ch}_{port}")))

@@ -494,6 +494,12 @@ def main(argv=None):
         return _fail(str(e))
     except KeyboardInterrupt:
         return _fail("interrupted")
+    except BrokenPipeError:
+        # The reader of stdout went away (gptfpga ... | head): stop quietly, as a filter does
+        # (stdout to /dev/null, so that Python's own flush at exit does not raise again).
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _fail(msg):

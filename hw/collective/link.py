@@ -100,7 +100,6 @@ class LinkTx(wiring.Component):
     i : In(stream(Payload))  frames to send (``last`` ends a frame of at most ``frame_beats``)
     o : Out(stream(Beat))  frames on the wire (to the port's arbiter)
     ack_valid, ack_seq, ack_credit, nak_valid, nak_seq : In  decoded control frames
-    idle : Out(1)  every frame given has been acknowledged
     error : Out(1)  sticky: the link is dead (``retries`` timeouts without progress)
     retx : Out(1)  pulse per frame sent again
     """
@@ -113,7 +112,7 @@ class LinkTx(wiring.Component):
             "o": Out(stream.Signature(Beat(data_bits))),
             "ack_valid": In(1), "ack_seq": In(SEQ_BITS), "ack_credit": In(SEQ_BITS),
             "nak_valid": In(1), "nak_seq": In(SEQ_BITS),
-            "idle": Out(1), "error": Out(1), "retx": Out(1),
+            "error": Out(1), "retx": Out(1),
         })
 
     def elaborate(self, platform):
@@ -143,7 +142,6 @@ class LinkTx(wiring.Component):
         fill_seq = Signal(SEQ_BITS)      # the frame being filled
         send_seq = Signal(SEQ_BITS)      # next to send
         limit = Signal(SEQ_BITS, init=self.rx_frames)   # receiver credit: send while seq < limit
-        m.d.comb += self.idle.eq((base == next_seq) & (fill_seq == next_seq))
 
         # -- fill: payload beats into the slot of fill_seq, CRC alongside ----------------------
         k = Signal(8)
@@ -411,7 +409,7 @@ class LinkPort(wiring.Component):
     -------
     tx : Out(AXI4-Stream-like stream of Beat); rx : In(stream of Beat)
     send : In(stream(Payload)) ; recv : Out(stream(Payload))
-    idle, error : Out(1); retx, crc_error, tx_beat, rx_beat : Out(1) pulses
+    error : Out(1); retx, crc_error, tx_beat, rx_beat : Out(1) pulses
     """
 
     def __init__(self, *, data_bits, frame_beats, window, rx_frames, timeout, retries):
@@ -424,7 +422,7 @@ class LinkPort(wiring.Component):
             "rx": In(stream.Signature(Beat(data_bits))),
             "send": In(stream.Signature(Payload(data_bits))),
             "recv": Out(stream.Signature(Payload(data_bits))),
-            "idle": Out(1), "error": Out(1), "retx": Out(1), "crc_error": Out(1),
+            "error": Out(1), "retx": Out(1), "crc_error": Out(1),
             "tx_beat": Out(1), "rx_beat": Out(1),
         })
 
@@ -435,7 +433,7 @@ class LinkPort(wiring.Component):
         m.submodules.lrx = lrx = self.lrx
         wiring.connect(m, wiring.flipped(self.send), ltx.i)
         wiring.connect(m, lrx.o, wiring.flipped(self.recv))
-        m.d.comb += [self.idle.eq(ltx.idle), self.error.eq(ltx.error), self.retx.eq(ltx.retx),
+        m.d.comb += [self.error.eq(ltx.error), self.retx.eq(ltx.retx),
                      self.crc_error.eq(lrx.crc_error)]
 
         # -- transmit: control frames (one beat, CRC in a cycle) between data frames -------------

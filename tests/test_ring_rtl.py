@@ -137,6 +137,32 @@ def test_peer_that_never_arrives_is_a_ring_error(tiny, card_lib):
     assert rtl.devices[0].run([coll, encode("HALT")], lay.prog_addr)["status"] == ERROR_CODES["RING_ERROR"]
 
 
+def test_link_that_dies_after_its_coll_is_reported_by_the_next(tiny, card_lib):
+    """Every acknowledgement to card 0 is lost (the left-hand link into its R port, which on a
+    unidirectional ring carries nothing else): its data still arrive, so its COLLs complete
+    (a COLL does not wait for its last frames' acknowledgements) until its link port, having
+    timed out `retries` times, gives the link up. The next COLL on card 0 then ends at once
+    with RING_ERROR at its pc, and card 1 stops too; nothing hangs."""
+    from sim.system import RtlAppliance
+    lay = Layout(tiny)
+    coll = encode("COLL", cop=0, src=0, dst=1024, n=16)
+    # (a long vector pass after each COLL lets the link port's timeouts run out in few runs)
+    prog = [coll, encode("VEC", vop="EXP", dst=4096, src1=4096, n=4096), encode("HALT")]
+    rtl = RtlAppliance(tiny, 2, lib=card_lib)
+    rtl.set_link(0, -1, drop=1.0)
+    ok = [(len(prog) - 1) << 8] * 2
+    runs = []
+    for _ in range(20):
+        runs.append(rtl.run([prog, prog], lay.prog_addr, timeout_s=300))
+        if runs[-1] != ok:
+            break
+    assert len(runs) > 1 and all(r == ok for r in runs[:-1]), runs
+    last = runs[-1]
+    assert last[0] == ERROR_CODES["RING_ERROR"], runs           # at the COLL, pc 0
+    assert last[1] in (ok[1], ERROR_CODES["RING_ERROR"]), runs
+    assert rtl.link_stats()["dropped"] > 0
+
+
 @pytest.mark.parametrize("other", [dict(cop=2, n=40), dict(cop=0, n=37)])
 def test_peers_that_disagree_are_a_ring_error(tiny, card_lib, other):
     """Card 1's COLL differs from card 0's in n (37 and 40 words: the same 3 beats, the same

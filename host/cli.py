@@ -342,7 +342,7 @@ def cmd_perf(args):
         doc = {"config": cfg.name, "model_shape": args.model_shape, "cards": cards,
                "step": "decode", "position": args.prompt_tokens, "cycles": step["cycles"],
                "source": "the performance model's timeline, not measured",
-               "rows": trace_table(cfg, progs, step)}
+               "rows": trace_table(progs, step)}
         try:
             Path(args.trace).write_text(json.dumps(doc) + "\n")
         except OSError as e:

@@ -396,10 +396,10 @@ class CompiledModel:
         # allows), so that each addition reads its operands from two segments. Where it fits
         # (decided for the largest share, so that every card's programs have the same COLLs).
         self.v_g = None
+        self.g_blk = _up(self.dS, self.B)         # a card's block of the all-gather's result
         if self.cards > 1 and self._gather is not False:
-            blk = _up(self.dS, self.B)
             try:
-                self.v_g = v(self.cards * blk, avoid=[self.v_x], split=blk)
+                self.v_g = v(self.cards * self.g_blk, avoid=[self.v_x], split=self.g_blk)
             except UserError:
                 if self._gather:
                     raise
@@ -983,9 +983,8 @@ class _Emitter:
             # all-gather, then x = ((p0 + p1) + p2) + ... in card order, alike on every card;
             # the last addition writes fp16(x) for the next MATVEC.
             self.e("COLL", cop=0, src=cm.v_y, dst=cm.v_g, n=dS)
-            blk = _up(dS, cm.B)
             for j in range(1, cm.cards):
-                self.vec("ADD", cm.v_x, cm.v_g if j == 1 else cm.v_x, dS, src2=cm.v_g + j * blk,
+                self.vec("ADD", cm.v_x, cm.v_g if j == 1 else cm.v_x, dS, src2=cm.v_g + j * cm.g_blk,
                          xdst=cm.x_a if x16 and j == cm.cards - 1 else None)
             self.xa_ready = x16
             return

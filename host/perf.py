@@ -447,7 +447,7 @@ def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", tra
     return {"cycles": max(r["cycles"] for r in results), "cards": results}
 
 
-def trace_table(cfg, programs, result):
+def trace_table(programs, result):
     """One row per instruction and card of a traced ``simulate`` (JSON-ready): the card, pc,
     opcode, the cycle it issued and the cycle it was done, its fields, and the matrix unit's
     idle cycles before it (a MATVEC's wait for its input: the decode chain's stalls)."""

@@ -242,6 +242,8 @@ def test_cli_perf_trace(tmp_path):
     (["--model-shape", "gpt2", "--prompt-tokens", "1000", "--new-tokens", "26"], "context"),
     (["--model-shape", "gpt2", "--new-tokens", "0"], "--new-tokens"),
     (["--model-shape", "/nonexistent/config.json"], "--model-shape"),
+    (["--model-shape", "host/demo", "--config", "configs/tiny.yaml", "--trace",
+      "/nonexistent/trace.json"], "--trace"),
 ])
 def test_cli_perf_bad_input(args, needle):
     if "--config" not in args:

@@ -33,6 +33,7 @@ import numpy as np
 from hw.isa import encode
 
 from .errors import UserError
+from .stripes import read_stripes, write_stripes
 
 __all__ = ["CompiledModel", "tiles_in_stream_order", "check_limits", "GROUP"]
 
@@ -105,7 +106,6 @@ class HbmImage:
         return row, rows
 
     def write(self, dev):
-        from sim.progs import write_stripes
         for row, data in self.parts:
             write_stripes(dev, self.cfg, row, data)
 
@@ -467,7 +467,6 @@ class CompiledModel:
         if self.weights is None:
             raise ValueError("a shapes-only compile has no image to load")
         self.img.write(dev)
-        from sim.progs import write_stripes
         lo, hi = self.kv_rows
         if hi > lo:
             write_stripes(dev, self.cfg, lo, np.zeros((hi - lo) * self.S, np.uint8))
@@ -485,14 +484,12 @@ class CompiledModel:
 
     def read_logits(self, dev, T):
         """Logits of the step's tokens (all of them if compiled with all_logits, else the last)."""
-        from sim.progs import read_stripes
         T = T if self.all_logits else 1
         rows = -(-T * self.vS * 4 // self.S)
         raw = read_stripes(dev, self.cfg, self.logits_row, rows)[:T * self.vS * 4].view(np.float32)
         return raw.reshape(T, self.vS)[:, :self.Vn]
 
     def read_hidden(self, dev, T):
-        from sim.progs import read_stripes
         per = -(-self.T * self.dS * 4 // self.S)
         out = []
         for k in range(self.sh.n_layer + 1):

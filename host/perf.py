@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hw.isa import BINARY_VOPS, REDUCE_VOPS, VOP_BY_CODE, VOPS, decode
+from hw.isa import BINARY_VOPS, REDUCE_VOPS, UNIT_OF, VOP_BY_CODE, VOPS, decode
 
 __all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "DFX"]
 
@@ -51,8 +51,6 @@ SCOREBOARD = 8
 FETCH_CHUNK, FETCH_DEPTH = 16, 32
 DMA_RD_QUEUE = 4
 STORE_QUEUE = 2                  # hw/core/dma.py
-UNIT = {"LOAD": "dma_rd", "WLOAD": "dma_rd", "STORE": "dma_wr", "MATVEC": "mpu", "VEC": "vpu",
-        "COLL": "coll"}
 ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
 
 
@@ -195,7 +193,7 @@ class CardModel:
             if len(live) >= SCOREBOARD:
                 t = max(t, live[len(live) - SCOREBOARD] + 1)
                 t = _after_hazards(t, inflight, reads, writes)
-            unit = UNIT[op]
+            unit = UNIT_OF[op]
             if unit == "dma_rd":
                 pending = [d for d in dma_done if d >= t]
                 if len(pending) >= DMA_RD_QUEUE:

@@ -111,7 +111,7 @@ class Cards:
     def step(self, tokens, pos0, timeout_s):
         """One step on every card; returns the counters summed over the cards (cycles: the
         slowest card's)."""
-        from sim.device import DeviceError, DeviceTimeout, status_name
+        from .device import DeviceError, DeviceTimeout, status_name
         progs = [cm.step(tokens, pos0) for cm in self.cms]
         try:
             if self.ring is None:

@@ -7,8 +7,8 @@ the Vitis packaging declares them: prog_addr, prog_len, card, insn_ptr, then hbm
 """
 
 from hw import regs
-from sim.device import Device, DeviceTimeout
 
+from .device import Device, DeviceTimeout
 from .errors import UserError
 
 __all__ = ["XrtDevice"]

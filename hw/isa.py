@@ -18,11 +18,13 @@ Address spaces
 
 from dataclasses import dataclass
 
-__all__ = ["INSN_BITS", "Field", "Format", "FORMATS", "OPCODES", "VOPS", "ERRORS", "encode",
-           "decode", "Insn", "isa_markdown"]
+__all__ = ["INSN_BITS", "Field", "Format", "FORMATS", "OPCODES", "UNITS", "UNIT_OF", "ACC_DEPTH",
+           "MAX_TOKENS", "VOPS", "ERRORS", "encode", "decode", "Insn", "isa_markdown"]
 
 INSN_BITS = 128
 OPCODE_BITS = 4
+ACC_DEPTH = 64          # the matrix unit's accumulator slots: MATVEC group x tokens at most
+MAX_TOKENS = 8          # MATVEC.tokens at most (token vectors sharing each weight tile)
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ FORMATS = (
         F("rb", 16, "row blocks (lanes rows each, >= 1)"),
         F("cb", 12, "column blocks (width columns each, >= 1)"),
         F("group", 8, "row blocks per group in the tile order (>= 1)"),
-        F("tokens", 4, "token vectors sharing each tile, 1..8 (prefill)"),
+        F("tokens", 4, f"token vectors sharing each tile, 1..{MAX_TOKENS} (prefill)"),
         F("xstride", 16, "XB words from one token's input to the next"),
         F("dstride", 16, "VSP words from one token's output to the next"),
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),
@@ -101,7 +103,7 @@ FORMATS = (
        "column blocks c of tree(W[r, cW:(c+1)W] * XB[xb + t*xstride + cW : ...]), consuming "
        "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "
        "group, column block by column block; within that, row block by row block. group x "
-       "tokens <= 64 (the accumulator depth)."),
+       f"tokens <= {ACC_DEPTH} (the accumulator depth)."),
     Format("VEC", 7, "vpu", (
         F("vop", 5, "vector operation (VOPS)"),
         F("dst", 16, "destination word (VSP, or XB for CVT16)"),
@@ -146,6 +148,9 @@ FORMATS = (
 FORMAT_BY_NAME = {f.name: f for f in FORMATS}
 OPCODES = {f.name: f.opcode for f in FORMATS}
 FORMAT_BY_OPCODE = {f.opcode: f for f in FORMATS}
+UNIT_OF = {f.name: f.unit for f in FORMATS}
+# The units that execute instructions (all but the controller), in the order of their codes.
+UNITS = tuple(dict.fromkeys(f.unit for f in FORMATS if f.unit != "ctrl"))
 
 # Vector operations: name -> (code, arity, doc)
 VOPS = {
@@ -171,7 +176,7 @@ REDUCE_VOPS = (VOPS["REDSUM"][0], VOPS["REDMAX"][0])
 ERRORS = {
     0: ("OK", "finished at HALT"),
     1: ("ILLEGAL_OPCODE", "an opcode or vector operation that does not exist"),
-    2: ("BAD_FIELD", "a length of zero, a token count outside 1..8, a group of zero, x16 on a "
+    2: ("BAD_FIELD", f"a length of zero, a token count outside 1..{MAX_TOKENS}, a group of zero, x16 on a "
                      "reduction or CVT16"),
     3: ("VSP_RANGE", "a VSP access beyond core.vsp_words"),
     4: ("XB_RANGE", "an XB access beyond core.xb_words"),

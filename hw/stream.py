@@ -1,10 +1,34 @@
-"""Stream utilities shared by the core and the link ports."""
+"""Stream utilities shared by the core and the link ports, and the one request/reply protocol
+of every memory-like read port (the vector scratchpad's, the collective engine's, HBM beats).
+"""
 
 from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer"]
+__all__ = ["SkidBuffer", "ReadPort"]
+
+
+class ReadPort(wiring.Signature):
+    """A requester's view of a read port: requests out, replies in.
+
+    ``req`` is a valid/ready stream of requests (``request`` shape). ``resp`` carries the
+    replies in request order, each request answered by the number of replies its port
+    defines (one, or a run's beats); the requester always takes them (``always_ready``), so it
+    asks only for what it has room for.
+
+    Parameters
+    ----------
+    request, reply : ShapeLike
+        The request's and the reply's payload shapes.
+    """
+
+    def __init__(self, request, reply):
+        self.request, self.reply = request, reply
+        super().__init__({
+            "req": Out(stream.Signature(request)),
+            "resp": In(stream.Signature(reply, always_ready=True)),
+        })
 
 
 class SkidBuffer(wiring.Component):

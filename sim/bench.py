@@ -191,8 +191,9 @@ def bench_card_collective(cfg, *, cards=(2, 4), sizes=CARD_SIZES, log=print):
     reference; busbw as in the fabric sweep, from the card's cycle counter (COLL + HALT)."""
     import numpy as np
 
+    from host.stripes import read_stripes, write_stripes
     from hw.isa import encode
-    from sim.progs import Layout, read_stripes, write_stripes
+    from sim.progs import Layout
     from sim.ref import collective as ref
     from sim.system import RtlAppliance, build_card
     lib, _, _ = build_card(cfg, log=log)

@@ -8,9 +8,9 @@ the ISS and the RTL after the run compares every value the program produced.
 
 import numpy as np
 
-from hw.isa import encode
+from hw.isa import ACC_DEPTH, encode
 
-__all__ = ["Layout", "ProgramGen", "write_stripes", "random_hbm"]
+__all__ = ["Layout", "ProgramGen", "random_hbm"]
 
 
 class Layout:
@@ -28,28 +28,8 @@ class Layout:
         self.prog_addr = (self.dump_row + self.dump_rows + 16) * cfg.hbm_beat_bytes
 
 
-def write_stripes(dev, cfg, row, data):
-    """Write bytes ``data`` to stripe rows from ``row`` (channel-interleaved by beats)."""
-    data = np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)
-    S, B, C = cfg.stripe_bytes, cfg.hbm_beat_bytes, cfg.hbm.channels
-    nrows = -(-len(data) // S)
-    buf = np.zeros(nrows * S, np.uint8)
-    buf[:len(data)] = data
-    buf = buf.reshape(nrows, C, B)
-    for c in range(C):
-        dev.write_hbm(c, row * B, buf[:, c, :].reshape(-1))
-
-
 def _ceil(a, b):
     return -(-a // b)
-
-
-def read_stripes(dev, cfg, row, nrows):
-    B, C = cfg.hbm_beat_bytes, cfg.hbm.channels
-    out = np.empty((nrows, C, B), np.uint8)
-    for c in range(C):
-        out[:, c, :] = dev.read_hbm(c, row * B, nrows * B).reshape(nrows, B)
-    return out.reshape(-1)
 
 
 def random_hbm(cfg, rng, layout):
@@ -141,7 +121,7 @@ class ProgramGen:
         L, W, P = self.L, self.W, self.P
         rb, cb = int(r.integers(1, 7)), int(r.integers(1, 5))
         T = int(r.choice([1, 1, 1, 2, 3, 8]))
-        group = int(r.integers(1, min(8, 64 // T) + 1))
+        group = int(r.integers(1, min(8, ACC_DEPTH // T) + 1))
         xstride = W * int(r.integers(cb, cb + 3)) if T > 1 else 0
         xspan = (T - 1) * xstride + cb * W
         xb = self._aligned(xspan, W, self.XW)

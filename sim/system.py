@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
+from host.device import Device, DeviceError, DeviceTimeout
 from hw import regs
 
-from .device import Device, DeviceError, DeviceTimeout
 from .toolchain import verilator_env, verilator_root
 
 __all__ = ["build_card", "RtlDevice", "RtlAppliance"]
@@ -295,10 +295,11 @@ def run_card_collective(cfg, op, elements, *, cards, bidirectional=False, ber=0.
     of ``cards`` Verilated cards of ``cfg``, on random fp32 inputs; the same figures, inputs,
     outputs and reference as sim.fabric.run_collective. Raises sim.fabric.LinkDead (figures
     attached) when the cards end with RING_ERROR (a link whose retries ran out)."""
+    from host.stripes import read_stripes, write_stripes
     from hw.isa import ERROR_CODES, encode
 
     from .fabric import OPS, LinkDead, bandwidth
-    from .progs import Layout, read_stripes, write_stripes
+    from .progs import Layout
     from .ref import collective as ref
     run_cfg = cfg.replace(topology="bidirectional_ring" if bidirectional else "ring")
     if lib is None:

@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
+from host.stripes import read_stripes, write_stripes
 from hw.isa import ERROR_CODES, encode
-from sim.progs import Layout, ProgramGen, random_hbm, read_stripes, write_stripes
+from sim.progs import Layout, ProgramGen, random_hbm
 from sim.ref.iss import IssDevice
 
 N_PROGRAMS = 200
@@ -160,7 +161,7 @@ def test_program_address_errors(rtl_card):
 def test_watchdog_timeout(rtl_card):
     """HBM that delivers nothing for longer than the watchdog (2^20 cycles without progress):
     the card stops with TIMEOUT in its status register and raises ap_done, not a hang."""
-    from sim.device import status_name
+    from host.device import status_name
     from sim.system import RtlDevice
     cfg, _ = rtl_card
     dev = RtlDevice(cfg, bytes_per_cycle=1e-6)          # one 32-byte beat per 32 M cycles

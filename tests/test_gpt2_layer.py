@@ -9,7 +9,7 @@ import pytest
 
 from host.compiler import CompiledModel
 from host.model import Gpt2Shape, random_gpt2
-from sim.progs import read_stripes
+from host.stripes import read_stripes
 from sim.ref import gpt2 as G
 from sim.ref.iss import IssDevice
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from gen.config import load_config
+from host.stripes import read_stripes, write_stripes
 from hw import regs
 from hw.isa import ERROR_CODES, encode
-from sim.progs import Layout, ProgramGen, read_stripes, write_stripes
+from sim.progs import Layout, ProgramGen
 from sim.ref.ring import IssRing
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent

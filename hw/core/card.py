@@ -22,9 +22,10 @@ from hw.dma.beats import HbmBeats
 from hw.dma.mux import AxiReadMux, AxiWriteMux
 from hw.isa import ERROR_CODES
 
+from .cmds import StoreCmd
 from .coll import CollUnit
 from .ctrl import Control
-from .dma import STORE_QUEUE, DmaRead, DmaWrite, StoreCmd
+from .dma import STORE_QUEUE, DmaRead, DmaWrite
 from .fetch import Fetch
 from .issue import Issue
 from .mpu import Mpu
@@ -135,8 +136,7 @@ class Card(wiring.Component):
                                                   data_bits=coll.D, run=coll.run)
             wiring.connect(m, coll.hrd, hb.rd)
             wiring.connect(m, coll.hwr, hb.wr)
-            m.d.comb += [coll.hr_valid.eq(hb.rvalid), coll.hr_data.eq(hb.rdata),
-                         coll.hw_idle.eq(hb.w_idle)]
+            m.d.comb += coll.hw_idle.eq(hb.w_idle)
         hbm_err = Const(0, 1)
         for k in range(C):
             port = getattr(self, f"m_axi_hbm{k}")

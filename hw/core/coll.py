@@ -37,20 +37,21 @@ unknown: the unit refuses further COLLs (RING_ERROR at once) until the kernel is
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from hw import stream as hw_stream
 from hw.collective.engine import MAX_CARDS, OP_AG
 from hw.collective.link import Beat
 from hw.collective.node import CollNode, node_kwargs, node_params
 from hw.dma.beats import BeatWrite, ReadRun, page_beats
 
+from .cmds import CollCmd
 from .vsp import ReadPort, WritePort
 
-__all__ = ["CollCmd", "CollUnit", "ring_ok"]
+__all__ = ["CollUnit", "ring_ok"]
 
-CollCmd = data.StructLayout({"cop": 2, "src": 24, "dst": 24, "n": 24, "hbm": 1, "pc": 24})
 DIV_BITS = 22          # nb <= (2^24 - 1) / B + 1 <= 2^22 for B >= 4 (link.data_bits >= 128)
 
 
@@ -73,6 +74,8 @@ class CollUnit(wiring.Component):
     card_reg : In(32)  the ``card`` register (id, cards, bidirectional)
     r_tx, r_rx, l_tx, l_rx : the link ports (stream of Beat)
     rd : Out(ReadPort); wr : Out(WritePort)  one VSP port each way
+    hrd : Out(hw.stream.ReadPort(ReadRun, D)); hwr : Out(stream(BeatWrite)); hw_idle : In(1)
+        COLL with hbm: runs of beats read from HBM, beats written (hw/dma/beats.py)
     tx_beats, rx_beats : Out(2)  payload beats sent / received this cycle
     retx, crc_error : Out(2)  frames sent again / received with a bad CRC this cycle
     """
@@ -113,7 +116,7 @@ class CollUnit(wiring.Component):
             "r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat), "l_rx": In(beat),
             "rd": Out(ReadPort(self.row_bits, self.P)), "wr": Out(WritePort(self.row_bits, self.P)),
             "tx_beats": Out(2), "rx_beats": Out(2), "retx": Out(2), "crc_error": Out(2),
-            "hrd": Out(stream.Signature(ReadRun)), "hr_valid": In(1), "hr_data": In(self.D),
+            "hrd": Out(hw_stream.ReadPort(ReadRun, self.D)),
             "hwr": Out(stream.Signature(BeatWrite(self.D))), "hw_idle": In(1),
         })
 
@@ -309,12 +312,13 @@ class CollUnit(wiring.Component):
                             m.d.comb += h_sel.eq(q)
         h_go = Signal()
         with m.If(running):
-            m.d.comb += self.hrd.valid.eq(want_v.any() & h_route.w_rdy)
+            m.d.comb += self.hrd.req.valid.eq(want_v.any() & h_route.w_rdy)
             for q in range(4):
                 with m.If(h_sel == q):
-                    m.d.comb += [self.hrd.payload.beat.eq(pf_top[q]), self.hrd.payload.len.eq(pf_len[q])]
-            m.d.comb += h_go.eq(self.hrd.valid & self.hrd.ready)
-        m.d.comb += [h_route.w_en.eq(h_go), h_route.w_data.eq(Cat(h_sel, self.hrd.payload.len))]
+                    m.d.comb += [self.hrd.req.payload.beat.eq(pf_top[q]),
+                                 self.hrd.req.payload.len.eq(pf_len[q])]
+            m.d.comb += h_go.eq(self.hrd.req.valid & self.hrd.req.ready)
+        m.d.comb += [h_route.w_en.eq(h_go), h_route.w_data.eq(Cat(h_sel, self.hrd.req.payload.len))]
         with m.If(h_go):
             m.d.sync += h_last.eq(h_sel)
         for q in range(4):
@@ -326,9 +330,9 @@ class CollUnit(wiring.Component):
         h_port, h_len = h_route.r_data[0:2], h_route.r_data[2:]
         with m.If(~copying):
             for q in range(4):
-                m.d.comb += [hq_fifo[q].w_en.eq(self.hr_valid & (h_port == q)),
-                             hq_fifo[q].w_data.eq(self.hr_data)]
-            with m.If(self.hr_valid):
+                m.d.comb += [hq_fifo[q].w_en.eq(self.hrd.resp.valid & (h_port == q)),
+                             hq_fifo[q].w_data.eq(self.hrd.resp.payload)]
+            with m.If(self.hrd.resp.valid):
                 with m.If(h_j == h_len - 1):
                     m.d.comb += h_route.r_en.eq(1)
                     m.d.sync += h_j.eq(0)
@@ -354,10 +358,10 @@ class CollUnit(wiring.Component):
         # collector: R rows make a beat, row 0 in the low bits
         acc = Signal(D)
         a_j = Signal(range(R))
-        row_in = masked(self.rd.rdata, r_mask)
+        row_in = masked(self.rd.resp.payload, r_mask)
         beat = Cat(acc[32 * P:], row_in) if R > 1 else row_in
-        deliver = running & ~hbm & self.rd.rvalid & (a_j == R - 1)
-        with m.If(running & self.rd.rvalid):
+        deliver = running & ~hbm & self.rd.resp.valid & (a_j == R - 1)
+        with m.If(running & self.rd.resp.valid):
             m.d.sync += acc.eq(beat)
             m.d.sync += a_j.eq(Mux(a_j == R - 1, 0, a_j + 1))
         m.d.comb += route.r_en.eq(deliver)
@@ -405,8 +409,8 @@ class CollUnit(wiring.Component):
         # -- progress and the no-progress timeout -----------------------------------------------------
         wire = node.tx_beat_r | node.tx_beat_l | node.rx_beat_r | node.rx_beat_l
         grant = ((self.rd.req.valid & self.rd.req.ready) | (self.wr.req.valid & self.wr.req.ready)
-                 | (self.hrd.valid & self.hrd.ready) | (self.hwr.valid & self.hwr.ready)
-                 | self.hr_valid)
+                 | (self.hrd.req.valid & self.hrd.req.ready) | (self.hwr.valid & self.hwr.ready)
+                 | self.hrd.resp.valid)
         m.d.comb += self.progress.eq(wire | grant | self.done)
         idle = Signal(range(self.timeout + 1))
 
@@ -464,7 +468,7 @@ class CollUnit(wiring.Component):
                     with m.If(self.rd.req.ready):
                         m.next = "COPY_DATA"
             with m.State("COPY_DATA"):
-                m.d.sync += cdata.eq(masked(self.rd.rdata, lane_mask(k << _log2(P), n)))
+                m.d.sync += cdata.eq(masked(self.rd.resp.payload, lane_mask(k << _log2(P), n)))
                 m.next = "COPY_WR"
             with m.State("COPY_WR"):
                 m.d.comb += [c_wr.eq(1), c_wrow.eq(own_row + k)]
@@ -479,13 +483,13 @@ class CollUnit(wiring.Component):
                 c_lim = Mux(c_end - src_at < nb - kr, c_end - src_at, nb - kr)
                 c_len = Mux(c_lim < RUN, c_lim, RUN)
                 m.d.comb += [copying.eq(1),
-                             self.hrd.valid.eq((kr < nb) & (kr - k + c_len <= COPY_AHEAD)),
-                             self.hrd.payload.beat.eq(src_at), self.hrd.payload.len.eq(c_len),
-                             cq.w_en.eq(self.hr_valid), cq.w_data.eq(self.hr_data),
+                             self.hrd.req.valid.eq((kr < nb) & (kr - k + c_len <= COPY_AHEAD)),
+                             self.hrd.req.payload.beat.eq(src_at), self.hrd.req.payload.len.eq(c_len),
+                             cq.w_en.eq(self.hrd.resp.valid), cq.w_data.eq(self.hrd.resp.payload),
                              self.hwr.valid.eq(cq.r_rdy), self.hwr.payload.beat.eq(own_b + k),
                              self.hwr.payload.data.eq(masked(cq.r_data, lane_mask_b(k << lb, n))),
                              cq.r_en.eq(self.hwr.ready)]
-                with m.If(self.hrd.valid & self.hrd.ready):
+                with m.If(self.hrd.req.valid & self.hrd.req.ready):
                     m.d.sync += kr.eq(kr + c_len)
                 with m.If(self.hwr.valid & self.hwr.ready):
                     m.d.sync += k.eq(k + 1)

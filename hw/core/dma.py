@@ -19,15 +19,12 @@ from hw.arith.units import Fp32ToFp16, fp16_to_fp32_comb
 from hw.axi import Axi4WriteSignature, Burst
 from hw.dma.reader import AxiBurstReader
 
+from .cmds import DmaReadCmd, StoreCmd
 from .vsp import ReadPort, WritePort
 
-__all__ = ["DmaReadCmd", "DmaRead", "StoreCmd", "DmaWrite", "STORE_QUEUE"]
+__all__ = ["DmaRead", "DmaWrite", "STORE_QUEUE"]
 
-DmaReadCmd = data.StructLayout({"wload": 1, "row": 24, "count": 24, "vsp": 16, "n": 16, "f32": 1})
 STORE_QUEUE = 2          # STOREs issued ahead of the store engine (hw/core/card.py)
-
-StoreCmd = data.StructLayout({"vsp": 16, "n": 16, "row": 24, "off": 12, "lepg": 4, "lgpr": 4,
-                              "gstride": 12, "rstride": 16, "f32": 1})
 
 
 class DmaRead(wiring.Component):
@@ -227,7 +224,7 @@ class DmaWrite(wiring.Component):
         with m.If(self.r.req.valid & self.r.req.ready):
             m.d.sync += rreq.eq(rreq + 1)
         m.d.sync += inflight.eq(self.r.req.valid & self.r.req.ready)
-        m.d.comb += [rfifo.w_en.eq(self.r.rvalid), rfifo.w_data.eq(self.r.rdata)]
+        m.d.comb += [rfifo.w_en.eq(self.r.resp.valid), rfifo.w_data.eq(self.r.resp.payload)]
 
         # -- elements one per cycle, through one fp32 -> fp16 unit ------------------------
         conv = Fp32ToFp16()

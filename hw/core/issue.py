@@ -20,13 +20,22 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
-from hw.isa import BINARY_VOPS, ERROR_CODES, FORMAT_BY_NAME, OPCODES, REDUCE_VOPS, VOPS
+from hw.isa import (
+    ACC_DEPTH,
+    BINARY_VOPS,
+    ERROR_CODES,
+    FORMAT_BY_NAME,
+    FORMATS,
+    MAX_TOKENS,
+    OPCODES,
+    REDUCE_VOPS,
+    UNITS,
+    VOPS,
+)
 
-from .coll import CollCmd, ring_ok
-from .dma import DmaReadCmd, StoreCmd
+from .cmds import CollCmd, DmaReadCmd, MatvecCmd, StoreCmd, VecCmd, fields
+from .coll import ring_ok
 from .fetch import FetchedInsn
-from .mpu import ACC_DEPTH, MatvecCmd
-from .vpu import VecCmd
 
 __all__ = ["Issue", "ENTRIES"]
 
@@ -35,10 +44,9 @@ E = ERROR_CODES
 SPACE_VSP, SPACE_XB, SPACE_HBM = 0, 1, 2
 
 Range = data.StructLayout({"en": 1, "space": 2, "lo": 26, "hi": 26})
-UNITS = ("dma_rd", "dma_wr", "mpu", "vpu", "coll")
 UNIT_CODE = {u: i for i, u in enumerate(UNITS)}
-KIND = {"NONE": 0, "HALT": 1, "FENCE": 2, "LOAD": 3, "STORE": 4, "WLOAD": 5, "MATVEC": 6, "VEC": 7,
-        "COLL": 8}
+# Stage D's instruction kind is its opcode (0, which is illegal, once it has failed a check).
+KIND = {"NONE": 0, **OPCODES}
 
 Decoded = data.StructLayout({
     "kind": 4, "err": 4, "pc": 24, "word": 128, "need": 28, "add": 24,
@@ -85,7 +93,7 @@ class Issue(wiring.Component):
         self.fifo_depth = c.weight_fifo_tiles
         self.ring = cfg.ring_links                # a collective unit is part of the card
         self.B = cfg.link.data_bits // 32
-        self.units = UNITS if self.ring else UNITS[:-1]
+        self.units = tuple(u for u in UNITS if u != "coll" or self.ring)
         ring = {"q_coll": Out(stream.Signature(CollCmd)), "done_coll": In(1), "coll_err": In(1),
                 "coll_err_pc": In(24)} if self.ring else {}
         super().__init__({
@@ -181,7 +189,7 @@ class Issue(wiring.Component):
                 dst_lo, dst_hi = f["dst"], f["dst"] + dspan
                 m.d.comb += d.kind.eq(KIND["MATVEC"])
                 m.d.comb += d.err.eq(_first([
-                    ((f["rb"] == 0) | (f["cb"] == 0) | (f["group"] == 0) | (T == 0) | (T > 8)
+                    ((f["rb"] == 0) | (f["cb"] == 0) | (f["group"] == 0) | (T == 0) | (T > MAX_TOKENS)
                      | (f["group"] * T > ACC_DEPTH) | (multi & (f["dstride"] < rbl)), E["BAD_FIELD"]),
                     ((f["xb"][0:wl] != 0) | (multi & (f["xstride"][0:wl] != 0))
                      | ((f["dst"][0:pl] != 0) | (multi & (f["dstride"][0:pl] != 0))
@@ -320,20 +328,14 @@ class Issue(wiring.Component):
                                E["WEIGHT_OVERFLOW"],
                            Mux((kind == KIND["MATVEC"]) & (dq.need > avail), E["WEIGHT_UNDERFLOW"],
                            Mux((kind == KIND["HALT"]) & (avail != 0), E["WEIGHT_LEFTOVER"], 0)))))
-        unit = Signal(3)
+        unit = Signal(range(len(UNITS)))
         with m.Switch(kind):
-            with m.Case(KIND["LOAD"], KIND["WLOAD"]):
-                m.d.comb += unit.eq(UNIT_CODE["dma_rd"])
-            with m.Case(KIND["STORE"]):
-                m.d.comb += unit.eq(UNIT_CODE["dma_wr"])
-            with m.Case(KIND["MATVEC"]):
-                m.d.comb += unit.eq(UNIT_CODE["mpu"])
-            with m.Case(KIND["COLL"]):
-                m.d.comb += unit.eq(UNIT_CODE["coll"])
-            with m.Default():
-                m.d.comb += unit.eq(UNIT_CODE["vpu"])
+            for u in UNITS:
+                with m.Case(*(f.opcode for f in FORMATS if f.unit == u)):
+                    m.d.comb += unit.eq(UNIT_CODE[u])
         w = dq.word
-        # Unit commands straight from the instruction's fields.
+        # Unit commands: the instruction's fields as they are (hw/core/cmds.py), but the read
+        # DMA's, which serves LOAD and WLOAD.
         lo = lambda op, n: _field(w, op, n)  # noqa: E731
         S, sl = self.S, (self.S - 1).bit_length()
         m.d.comb += [
@@ -346,21 +348,19 @@ class Issue(wiring.Component):
             self.q_dma_rd.payload.vsp.eq(lo("LOAD", "vsp")),
             self.q_dma_rd.payload.n.eq(lo("LOAD", "n")),
         ]
-        for q, op in ((self.q_dma_wr, "STORE"), (self.q_mpu, "MATVEC"), (self.q_vpu, "VEC")):
-            for name in q.payload.shape().members:
-                m.d.comb += getattr(q.payload, name).eq(lo(op, name))
+        m.d.comb += [self.q_dma_wr.payload.eq(fields(w, "STORE")),
+                     self.q_mpu.payload.eq(fields(w, "MATVEC")),
+                     self.q_vpu.payload.eq(fields(w, "VEC"))]
         queues = {u: getattr(self, f"q_{u}") for u in self.units}
         if self.ring:
-            for name in ("cop", "src", "dst", "n", "hbm"):
-                m.d.comb += getattr(self.q_coll.payload, name).eq(lo("COLL", name))
-            m.d.comb += self.q_coll.payload.pc.eq(dq.pc)
+            m.d.comb += self.q_coll.payload.eq(Cat(fields(w, "COLL"), dq.pc))
         # valid never depends on ready: `want` is everything but the queue's ready.
         q_ready = Signal()
         o_ready = Signal()
         for u, q in queues.items():
             with m.If(unit == UNIT_CODE[u]):
                 m.d.comb += [q_ready.eq(q.ready), o_ready.eq(order[u].w_rdy)]
-        dispatchable = (kind >= KIND["LOAD"])
+        dispatchable = kind.matches(*(f.opcode for f in FORMATS if f.unit != "ctrl"))
         want = Signal()
         go = Signal()
         m.d.comb += want.eq(state_run & dv & (err == 0) & dispatchable & ~conflict & any_free & o_ready)

@@ -26,18 +26,15 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.special import AdderTree
 from hw.arith.units import Fp16MulFp32, Fp32Add
+from hw.isa import ACC_DEPTH
 
+from .cmds import MatvecCmd
 from .vsp import ReadPort, WritePort
 
-__all__ = ["MatvecCmd", "Mpu", "ACC_DEPTH"]
+__all__ = ["Mpu"]
 
-ACC_DEPTH = 64
 NEG_ZERO = 0x80000000
 
-MatvecCmd = data.StructLayout({
-    "xb": 16, "dst": 16, "bias": 16, "rb": 16, "cb": 12, "group": 8, "tokens": 4,
-    "xstride": 16, "dstride": 16, "bias_en": 1, "tt": 1,
-})
 
 
 class XbRead(wiring.Signature):
@@ -257,9 +254,9 @@ class Mpu(wiring.Component):
         got_row = ld_got >> (lpr - 1).bit_length() if lpr > 1 else ld_got
         got_sub = ld_got[0:(lpr - 1).bit_length()] if lpr > 1 else Const(0, 1)
         m.d.comb += [bw.addr.eq(Cat(got_row[0:6], ld_bank)),
-                     bw.data.eq(Cat(*([self.r_bias.rdata] * lpr))),
-                     bw.en.eq(Mux(self.r_bias.rvalid, ((1 << P) - 1) << (got_sub * P), 0))]
-        with m.If(self.r_bias.rvalid):
+                     bw.data.eq(Cat(*([self.r_bias.resp.payload] * lpr))),
+                     bw.en.eq(Mux(self.r_bias.resp.valid, ((1 << P) - 1) << (got_sub * P), 0))]
+        with m.If(self.r_bias.resp.valid):
             m.d.sync += ld_got.eq(ld_got + 1)
         gs_of = lambda start: Mux(cmd.rb - start < cmd.group, cmd.rb - start, cmd.group)  # noqa: E731
         with m.If(active & cmd.bias_en & ~ld_active & ~ld_done_all &

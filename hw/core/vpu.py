@@ -14,7 +14,7 @@ FIFOs ahead of the lanes.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -23,12 +23,10 @@ from hw.arith.special import Exp, Gelu, Recip, Rsqrt
 from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
 from hw.isa import BINARY_VOPS, VOPS
 
+from .cmds import VecCmd
 from .vsp import ReadPort, WritePort
 
-__all__ = ["VecCmd", "Vpu", "XbWrite"]
-
-VecCmd = data.StructLayout({"vop": 5, "dst": 16, "src1": 16, "src2": 16, "n": 16, "k": 16,
-                            "bcast": 1, "x16": 1, "xdst": 16})
+__all__ = ["Vpu", "XbWrite"]
 
 NEG_ZERO = 0x80000000
 NEG_INF = 0xFF800000
@@ -172,9 +170,9 @@ class Vpu(wiring.Component):
         m.d.sync += [out_a.eq(issue_a), out_b.eq(issue_b), a_from_vsp.eq(a_vsp),
                      b_from_vsp.eq(b_mode == 1)]
         m.d.comb += [
-            fa.w_en.eq(Mux(a_from_vsp, self.r_a.rvalid, out_a)),
-            fa.w_data.eq(Mux(a_from_vsp, self.r_a.rdata, s_ra.data)),
-            fb.w_en.eq(out_b), fb.w_data.eq(Mux(b_from_vsp, self.r_b.rdata, s_rb.data)),
+            fa.w_en.eq(Mux(a_from_vsp, self.r_a.resp.valid, out_a)),
+            fa.w_data.eq(Mux(a_from_vsp, self.r_a.resp.payload, s_ra.data)),
+            fb.w_en.eq(out_b), fb.w_data.eq(Mux(b_from_vsp, self.r_b.resp.payload, s_rb.data)),
         ]
 
         # -- feed the lanes -------------------------------------------------------------------
@@ -353,10 +351,10 @@ class Vpu(wiring.Component):
                                  self.r_b.req.payload.eq(cmd.src2 >> shift)]
                     with m.If(self.r_b.req.ready):
                         m.d.sync += bc_wait.eq(1)
-                with m.If(bc_wait & self.r_b.rvalid):
+                with m.If(bc_wait & self.r_b.resp.valid):
                     m.d.sync += bc_wait.eq(0)
                     lane = cmd.src2[0:lbits] if P > 1 else Const(0, 1)
-                    m.d.sync += bval.eq(_lane_select(self.r_b.rdata, lane, P))
+                    m.d.sync += bval.eq(_lane_select(self.r_b.resp.payload, lane, P))
                     nr = (cmd.n + (P - 1)) >> shift
                     m.d.sync += start_pass(
                         a_vsp=1, a_base=cmd.src1 >> shift, b_mode=3, b_base=0, b_off=0,

@@ -3,10 +3,10 @@ address into independently ported segments.
 
 Each segment is a simple dual-port memory (one read, one write per cycle). Several units
 read and write the VSP; in each cycle each segment grants one read and one write, by fixed
-priority in the order the ports are listed. A requester holds its request (``valid``) until
-granted (``ready``); read data come back one cycle after the grant (``rdata`` with
-``rvalid``). Units that cannot stall are listed first so that they are always granted (the
-vector unit's write port: its pipelines have no enable).
+priority in the order the ports are listed. A requester holds its request (``req.valid``)
+until granted (``req.ready``); the row comes back one cycle after the grant (``resp``, always
+taken: hw/stream.py's ReadPort). Units that cannot stall are listed first so that they are
+always granted (the vector unit's write port: its pipelines have no enable).
 """
 
 from amaranth.hdl import Const, Module, Mux, Signal
@@ -14,19 +14,18 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hw import stream as hw_stream
+
 __all__ = ["ReadPort", "WritePort", "Vsp"]
 
 
-class ReadPort(wiring.Signature):
-    """A requester's view of a VSP read port: ``req`` (row address) out, data back."""
+class ReadPort(hw_stream.ReadPort):
+    """A requester's view of a VSP read port: a row address per request, the row's ``lanes``
+    fp32 words back one cycle after the grant."""
 
     def __init__(self, row_bits, lanes):
         self.row_bits, self.lanes = row_bits, lanes
-        super().__init__({
-            "req": Out(stream.Signature(row_bits)),
-            "rvalid": In(1),
-            "rdata": In(32 * lanes),
-        })
+        super().__init__(row_bits, 32 * lanes)
 
 
 class WritePort(wiring.Signature):
@@ -119,7 +118,7 @@ class Vsp(wiring.Component):
                 taken = taken | want
         for k, port in enumerate(reads):
             m.d.sync += got_valid[k].eq(port.req.valid & port.req.ready)
-            m.d.comb += [port.rvalid.eq(got_valid[k]), port.rdata.eq(_mux(got[k], seg_data))]
+            m.d.comb += [port.resp.valid.eq(got_valid[k]), port.resp.payload.eq(_mux(got[k], seg_data))]
         return m
 
 

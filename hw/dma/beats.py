@@ -10,8 +10,8 @@ Reads come as *runs*: ``len`` consecutive beats from ``beat``. A run is one AXI 
 channel of each group it touches (the group's beats are every per-th beat of the run, in
 consecutive rows), queued per channel so that ARVALID never waits for a peer channel. The
 channels answer in order, so the oldest run's next beat is always at the heads of its group's
-reply FIFOs, and beats are joined from there in run order (``rvalid`` with ``rdata``, never
-held back: the caller asks only for what it has room for). Writes come one beat at a time
+reply FIFOs, and beats are joined from there in run order (``rd.resp``, never held back: the
+caller asks only for what it has room for). Writes come one beat at a time
 and are gathered into runs of consecutive beats (up to ``run`` beats; a run also ends when no
 beat arrives for a few cycles), each written as one AXI burst per channel touched. Runs never
 cross a 4 KiB page of a channel's buffer (AXI's rule; the buffers are page aligned).
@@ -25,6 +25,7 @@ from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from hw.axi import Axi4ReadSignature, Axi4WriteSignature, Burst
+from hw.stream import ReadPort
 
 __all__ = ["HbmBeats", "BeatWrite", "ReadRun", "page_beats"]
 
@@ -52,8 +53,8 @@ def _log2(v):
 class HbmBeats(wiring.Component):
     """Members
     -------
-    rd : In(stream(ReadRun))  runs to read (1 <= len <= run, within one page);
-    rvalid, rdata : Out  the beats, in order
+    rd : In(ReadPort(ReadRun, data_bits))  runs to read (1 <= len <= run, within one page)
+        on ``rd.req``; their beats, in order, on ``rd.resp`` (always taken)
     wr : In(stream(BeatWrite))  beats to write; w_idle : Out(1)  no write held or open
     axi_r_<c> : Out(Axi4ReadSignature); axi_w_<c> : Out(Axi4WriteSignature); ptr_<c> : In(64)
     err : Out(1)  sticky: a read or write answered with an error
@@ -71,7 +72,7 @@ class HbmBeats(wiring.Component):
         # beats of a page: rows of a 4 KiB page of one channel, times the beats per row
         self.page_beats = page_beats(channels, hbm_bits, data_bits)
         assert run <= self.page_beats and run <= 256
-        members = {"rd": In(stream.Signature(ReadRun)), "rvalid": Out(1), "rdata": Out(data_bits),
+        members = {"rd": In(ReadPort(ReadRun, data_bits)),
                    "wr": In(stream.Signature(BeatWrite(data_bits))), "w_idle": Out(1),
                    "err": Out(1)}
         for c in range(channels):
@@ -113,13 +114,13 @@ class HbmBeats(wiring.Component):
         for c in range(C):
             m.submodules[f"arq{c}"] = arq[c]
             m.submodules[f"rq{c}"] = rq[c]
-        rb, rn = self.rd.payload.beat, self.rd.payload.len
+        rb, rn = self.rd.req.payload.beat, self.rd.req.payload.len
         parts = self._split(m, rb, rn, "rd")
         room = Signal()
         m.d.comb += room.eq(order.w_rdy & Cat(*[q.w_rdy for q in arq]).all())
-        take = self.rd.valid & room
+        take = self.rd.req.valid & room
         g0 = rb[0:lp] if lp else Const(0, 1)
-        m.d.comb += [self.rd.ready.eq(room), order.w_en.eq(take), order.w_data.eq(Cat(g0, rn))]
+        m.d.comb += [self.rd.req.ready.eq(room), order.w_en.eq(take), order.w_data.eq(Cat(g0, rn))]
         for h, (row, cnt) in enumerate(parts):
             for c in chans(h):
                 axi = getattr(self, f"axi_r_{c}")
@@ -142,9 +143,10 @@ class HbmBeats(wiring.Component):
             pieces = [rq[c] for c in chans(h)]
             with m.If(order.r_rdy & (grp == h)):
                 joined = Cat(*[p.r_rdy for p in pieces]).all()
-                m.d.comb += [self.rvalid.eq(joined), self.rdata.eq(Cat(*[p.r_data for p in pieces]))]
+                m.d.comb += [self.rd.resp.valid.eq(joined),
+                             self.rd.resp.payload.eq(Cat(*[p.r_data for p in pieces]))]
                 m.d.comb += [p.r_en.eq(joined) for p in pieces]
-        with m.If(self.rvalid):
+        with m.If(self.rd.resp.valid):
             with m.If(i == hlen - 1):
                 m.d.comb += order.r_en.eq(1)
                 m.d.sync += i.eq(0)

@@ -9,17 +9,17 @@ count the same bytes as the RTL's.
 
 import numpy as np
 
+from host.device import Device, DeviceError
+from host.stripes import deinterleave, locate
 from hw import regs
-from hw.isa import ERROR_CODES, VOP_BY_CODE, VOPS, decode
+from hw.isa import ACC_DEPTH, ERROR_CODES, MAX_TOKENS, VOP_BY_CODE, VOPS, decode
 
-from ..device import Device, DeviceError
 from . import arith as A
 
 __all__ = ["Iss", "IssDevice", "IssError"]
 
 NEG_ZERO = np.uint32(0x80000000)
 NEG_INF = np.uint32(0xFF800000)
-ACC_DEPTH = 64          # matrix-unit accumulator slots: group x tokens at most
 
 
 class IssError(Exception):
@@ -53,15 +53,11 @@ class Iss:
     # -- HBM stripes ------------------------------------------------------------------------
     def read_stripes(self, row, nrows):
         """Bytes of stripe rows [row, row + nrows) as one array (channel-interleaved)."""
-        out = np.empty((nrows, self.C, self.B), np.uint8)
-        for ch in range(self.C):
-            out[:, ch, :] = self.hbm[ch][row * self.B:(row + nrows) * self.B].reshape(nrows, self.B)
-        return out.reshape(-1)
+        return deinterleave([h[row * self.B:(row + nrows) * self.B] for h in self.hbm], self.B)
 
     def write_stripe_bytes(self, rows, offs, data):
         """Write byte ``data[i]`` at stripe row ``rows[i]``, stripe byte ``offs[i]``."""
-        ch = offs // self.B
-        addr = rows * self.B + offs % self.B
+        ch, addr = locate(rows, offs, self.B)
         for c in range(self.C):
             sel = ch == c
             self.hbm[c][addr[sel]] = data[sel]
@@ -181,7 +177,7 @@ class Iss:
     def _matvec(self, i):
         L, W, P = self.L, self.W, self.P
         rb, cb, grp, T = i.rb, i.cb, i.group, i.tokens
-        if (rb == 0 or cb == 0 or grp == 0 or not 1 <= T <= 8 or grp * T > ACC_DEPTH
+        if (rb == 0 or cb == 0 or grp == 0 or not 1 <= T <= MAX_TOKENS or grp * T > ACC_DEPTH
                 or (T > 1 and i.dstride < rb * L)):
             raise IssError("BAD_FIELD")
         if (i.xb % W or (T > 1 and i.xstride % W) or i.dst % P or (T > 1 and i.dstride % P)

@@ -27,8 +27,9 @@ instruction, with the structure of the RTL (docs/architecture.md):
   and the framing.
 
 Every constant that is not a structural fact of the RTL (a pipeline latency from hw/arith, a
-FIFO depth) is one of the few fixed overheads in ``Overheads``; ``calibrate()`` measures the
-model against the RTL's cycle counters (the Verilated card) and reports the errors.
+FIFO depth) is one of the few fixed overheads in ``Overheads``; `gptfpga bench calibrate`
+(sim.bench.calibrate_perf) measures the model against the RTL's cycle counters (the Verilated
+card and the collective engine) and records the errors in docs/perf-calibration.json.
 """
 
 import math
@@ -365,7 +366,7 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     bidirectional ring). All-gather (``op``): N-1 steps of a card's whole vector (half each
     way), and its own block's first send. The collective is done when this card's result is
     whole (the link layer keeps every frame until it is acknowledged). This is the
-    small-message regime of GPT-2's decode (a few KiB); calibrate() reports the error against
+    small-message regime of GPT-2's decode (a few KiB); `gptfpga bench calibrate` records the error against
     the collective engine's RTL (``card=False``: the node alone, on a one-cycle memory). With
     ``card`` (the default), the card's collective unit around it: its setup, its one VSP port
     each way, and an all-gather's copy of the card's own block into place."""

@@ -27,9 +27,6 @@ UNIT_REFS = {
     "gelu": A.gelu,
 }
 
-ARITY = {"fp16_mul_fp32": 2, "fp32_add": 2, "fp32_mul": 2, "fp32_max": 2, "fp32_min": 2}
-IN_BITS = {"fp16_mul_fp32": 16, "fp16_to_fp32": 16, "int8_to_fp16": 8}
-
 F32_SPECIALS = np.array([
     0x00000000, 0x80000000,              # +-0
     0x7F800000, 0xFF800000,              # +-inf

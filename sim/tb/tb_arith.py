@@ -1,7 +1,7 @@
 """cocotb regression of one arithmetic unit (a UnitArray of lanes) against sim/ref/arith.
 
 Environment: GPTFPGA_UNIT (name in sim.ref.vectors.UNIT_REFS), GPTFPGA_LANES,
-GPTFPGA_LATENCY, GPTFPGA_IN_BITS, GPTFPGA_OUT_BITS, GPTFPGA_N (random vectors), GPTFPGA_SEED.
+GPTFPGA_LATENCY, GPTFPGA_OUT_BITS, GPTFPGA_N (random vectors), GPTFPGA_SEED.
 
 Inputs go in at one per lane per cycle, in runs of back-to-back valid cycles broken by random
 bubbles; every output must appear exactly LATENCY cycles after its input, in order. That

@@ -1,11 +1,22 @@
-"""Docs generated from the code: ``python -m gen.docs`` rewrites them, tests check they are fresh."""
+"""Docs generated from the code and from the bench's results: ``python -m gen.docs`` rewrites
+them, tests check they are fresh.
 
+Whole files (docs/configs.md, docs/isa.md) come from the config schema and the ISA. The
+README's figures come from the JSON that ``make bench`` records in docs/bench/ (and the
+performance model's calibration, docs/perf-calibration.json): each figure block of README.md
+sits between ``<!-- begin generated: NAME -->`` and ``<!-- end generated: NAME -->`` and is
+rewritten from those files, so that no figure in the README is typed by hand.
+"""
+
+import json
+import re
 import sys
 from pathlib import Path
 
 from .config import schema_rows
 
 ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "docs" / "bench"
 
 
 def configs_md():
@@ -21,7 +32,148 @@ def isa_md():
     return isa_markdown()
 
 
-GENERATED = {"docs/configs.md": configs_md, "docs/isa.md": isa_md}
+# -- README figures from the bench's JSON ---------------------------------------------------
+def _bench(name):
+    path = BENCH / f"{name}.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path.relative_to(ROOT)}: missing; `make bench` records it")
+    return json.loads(path.read_text())
+
+
+def _n(v, digits=None):
+    """A figure as the README prints it: thousands separated, ``digits`` decimals if given."""
+    if digits is not None:
+        return f"{v:,.{digits}f}"
+    return f"{v:,}" if isinstance(v, int) or float(v).is_integer() else f"{v}"
+
+
+def fig_core():
+    rs = [_bench("core-tiny"), _bench("core-medium")]
+    head = " | ".join(r["config"] for r in rs)
+    lines = [f"| figure (Verilated card, the design's own counters) | {head} |",
+             "|---|" + "---|" * len(rs),
+             "| HBM utilization, GPT-2-small's matrices (768x768 ... 3072x768) | "
+             + " | ".join(_n(r["hbm_utilization_matvec"], 3) for r in rs) + " |",
+             f"| HBM utilization, one decoder layer at the config's largest width, decode, "
+             f"{rs[0]['layer']['kv_positions']} cached positions | "
+             + " | ".join(f"{_n(r['hbm_utilization_layer'], 3)} (d_model {r['layer']['d_model']})"
+                          for r in rs) + " |",
+             "| decode cycles per layer | " + " | ".join(_n(r["decode_cycles_per_layer"]) for r in rs)
+             + " |"]
+    return "\n".join(lines)
+
+
+def fig_run():
+    r = _bench("run-tiny")
+    runs = r["runs"]
+    head = " | ".join(f"{x['cards']} card{'s' if x['cards'] > 1 else ''}" for x in runs)
+    rows = [("prefill cycles per prompt token", "prefill_cycles_per_token", 0),
+            ("decode cycles per token", "decode_cycles_per_token", 0),
+            (f"decode ms per token at {runs[0]['clock_mhz']:g} MHz", "decode_ms_per_token_at_clock", 3),
+            ("HBM utilization over whole decode tokens (every card's HBM)", "hbm_utilization_decode", 2)]
+    lines = [f"| demo model ({r['model']}), Verilated {r['config']} appliance, "
+             f"{runs[0]['prompt_tokens']} prompt tokens, {runs[0]['decode_tokens']} decode steps | "
+             f"{head} |", "|---|" + "---|" * len(runs)]
+    for label, key, d in rows:
+        lines.append(f"| {label} | " + " | ".join(_n(x[key], d) for x in runs) + " |")
+    return "\n".join(lines)
+
+
+def fig_collectives():
+    r = _bench("collective-tiny")
+    runs = r["runs"]
+
+    def span(op, size):
+        v = [x["busbw_fraction_of_link_peak"] for x in runs if x["op"] == op and x["size"] == size]
+        return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+
+    big = sorted({x["size"] for x in runs if x["op"] == "allreduce"})[-3:]
+    ops = ("allreduce", "allgather", "reducescatter")
+    cards = sorted({x["cards"] for x in runs})
+    lines = [f"| busbw / link peak, {', '.join(map(str, cards))} cards, uni- and bidirectional | "
+             + " | ".join(_size(s) for s in big) + " |", "|---|" + "---|" * len(big)]
+    for op in ops:
+        lines.append(f"| {op} | " + " | ".join(span(op, s) for s in big) + " |")
+    lines += ["", "| small all-reduce | cycles | floor (hops x link latency) |", "|---|---|---|"]
+    for x in r["small_message"]:
+        lines.append(f"| {x['bytes']} B, {x['cards']} cards, {'bi' if x['bidirectional'] else 'uni'}"
+                     f"directional | {_n(x['cycles'])} | {_n(x['floor_cycles'])} |")
+    if r.get("card"):
+        lines += ["", "| all-reduce through the card kernel, HBM to HBM | cycles | busbw / link peak |",
+                  "|---|---|---|"]
+        for x in r["card"]:
+            if x["from"] == "hbm" and x["size"] >= 1 << 20:
+                lines.append(f"| {_size(x['size'])}, {x['cards']} Verilated {r['config']} cards | "
+                             f"{_n(x['cycles'])} | {x['busbw_fraction_of_link_peak']:.2f} |")
+    return "\n".join(lines)
+
+
+def _size(b):
+    for unit, k in (("MiB", 20), ("KiB", 10)):
+        if b >= 1 << k:
+            return f"{b >> k} {unit}"
+    return f"{b} B"
+
+
+PERF_ROWS = (("gpt2-medium", 4), ("gpt2-large", 4), ("gpt2-xl", 1), ("gpt2-xl", 2), ("gpt2-xl", 4))
+PERF_NAMES = {"gpt2-medium": "GPT-2 345M", "gpt2-large": "GPT-2 774M", "gpt2-xl": "GPT-2 1.5B"}
+PERF_IN_OUT, PERF_MHZ = "64:64", 200
+
+
+def fig_perf():
+    r = _bench("perf-u280x4")
+    lines = ["| model | cards | in:out tokens | decode ms/token | prefill ms per input token | HBM "
+             "roofline fraction | DFX (paper) decode | vs DFX |", "|---|---|---|---|---|---|---|---|"]
+    for model, cards in PERF_ROWS:
+        row = [x for x in r["rows"] if x["model"] == model and x["cards"] == cards and x["fits"]
+               and x["clock_mhz"] == PERF_MHZ and x["in_out"] == PERF_IN_OUT]
+        if not row:
+            raise ValueError(f"perf-u280x4.json: no {model} row on {cards} cards at {PERF_MHZ} MHz, "
+                             f"{PERF_IN_OUT}")
+        x = row[0]
+        dfx = r["dfx"].get(model, {}).get("decode_ms_per_token") if cards == 4 else None
+        lines.append(f"| {PERF_NAMES[model]} | {cards} | {x['in_out']} | {x['decode_ms_per_token']:.2f} | "
+                     f"{x['prefill_ms_per_token']:.2f} | {x['hbm_roofline_fraction']:.2f} | "
+                     + (f"{dfx} ms/token | {dfx / x['decode_ms_per_token']:.2f}x |" if dfx else " | |"))
+    cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
+    lines += ["", f"{r['config']} at {PERF_MHZ} MHz; in:out {PERF_IN_OUT} is {PERF_IN_OUT.split(':')[0]} "
+              f"prompt tokens then {PERF_IN_OUT.split(':')[1]} generated ones, decode figures averaged "
+              f"over the generated tokens. The model is within {cal['calibration_error']:.1%} of the "
+              f"Verilated card's cycle counts on {len(cal['steps'])} decode and prefill steps (tiny "
+              f"and medium) and within {cal['collective_error']:.1%} of the collective engine's on "
+              f"{len(cal['collectives'])} decode-sized all-reduces and all-gathers."]
+    return "\n".join(lines)
+
+
+def perf_full():
+    from sim.bench import perf_table
+    return perf_table(_bench("perf-u280x4"))
+
+
+def perf_what_if():
+    from sim.bench import what_if_table
+    return what_if_table(_bench("perf-u280x4"))
+
+
+# Blocks of figures, by name: README's summaries and docs/performance.md's full tables.
+FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "perf": fig_perf,
+           "perf-full": perf_full, "perf-what-if": perf_what_if}
+_BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
+
+
+def with_figures(path):
+    """The Markdown file ``path`` with every figure block rewritten from the bench's JSON."""
+    text = (ROOT / path).read_text()
+
+    def fill(m):
+        if m.group(2) not in FIGURES:
+            raise ValueError(f"{path}: unknown generated block {m.group(2)!r}; known: {', '.join(FIGURES)}")
+        return m.group(1) + FIGURES[m.group(2)]() + "\n" + m.group(4)
+    return _BLOCK.sub(fill, text)
+
+
+GENERATED = {"docs/configs.md": configs_md, "docs/isa.md": isa_md,
+             **{p: (lambda p=p: with_figures(p)) for p in ("README.md", "docs/performance.md")}}
 
 
 def stale():
@@ -32,7 +184,10 @@ def stale():
 
 def main():
     for p, fn in GENERATED.items():
-        (ROOT / p).write_text(fn())
+        text = fn()
+        tmp = ROOT / (p + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(ROOT / p)
         print(f"wrote {p}")
 
 

@@ -71,7 +71,7 @@ def fig_run():
             ("decode cycles per token", "decode_cycles_per_token", 0),
             (f"decode ms per token at {runs[0]['clock_mhz']:g} MHz", "decode_ms_per_token_at_clock", 3),
             ("HBM utilization over whole decode tokens (every card's HBM)", "hbm_utilization_decode", 2)]
-    lines = [f"| demo model ({r['model']}), Verilated {r['config']} appliance, "
+    lines = [f"| {r['model'].replace('demo', 'demo model', 1)}, Verilated {r['config']} appliance, "
              f"{runs[0]['prompt_tokens']} prompt tokens, {runs[0]['decode_tokens']} decode steps | "
              f"{head} |", "|---|" + "---|" * len(runs)]
     for label, key, d in rows:
@@ -87,8 +87,8 @@ def fig_collectives():
         v = [x["busbw_fraction_of_link_peak"] for x in runs if x["op"] == op and x["size"] == size]
         return f"{min(v):.2f}-{max(v):.2f}" if v else "-"
 
-    big = sorted({x["size"] for x in runs if x["op"] == "allreduce"})[-3:]
     ops = ("allreduce", "allgather", "reducescatter")
+    big = sorted(set.intersection(*({x["size"] for x in runs if x["op"] == op} for op in ops)))
     cards = sorted({x["cards"] for x in runs})
     lines = [f"| busbw / link peak, {', '.join(map(str, cards))} cards, uni- and bidirectional | "
              + " | ".join(_size(s) for s in big) + " |", "|---|" + "---|" * len(big)]
@@ -145,6 +145,32 @@ def fig_perf():
     return "\n".join(lines)
 
 
+def fig_resources():
+    r = _bench("synth-card-u280x4")
+    keys = ("LUT", "FF", "DSP", "BRAM36", "URAM")
+    lines = [f"| {r['config']} card | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
+             "| units multiplied out, RAMs | " + " | ".join(_n(r["total"][k]) for k in keys) + " |",
+             "| share of the U280 | " + " | ".join(f"{r['u280_share'][k]:.0%}" for k in keys) + " |"]
+    name, u = max(r["units"].items(), key=lambda kv: kv[1]["total"]["LUT"])
+    lines += ["", f"Not in the sum: {r['not_included']}. The largest part: {u['count']} x `{name}`, "
+              f"{_n(u['total']['LUT'])} LUTs ({u['total']['LUT'] / r['u280']['LUT']:.0%} of the U280's), "
+              f"the first thing to change before a board build (docs/resources.md)."]
+    return "\n".join(lines)
+
+
+def fig_arith():
+    from .synth import DFX_UNITS
+    r = _bench("synth-arith")
+    lines = ["| arithmetic unit (one instance) | latency, cycles | LUT | FF | DSP48E2 |",
+             "|---|---|---|---|---|"]
+    for name in ("fp16_mul_fp32", "fp32_add", "adder_tree_64"):
+        u = r[name]
+        lines.append(f"| `{name}` | {u['latency']} | {_n(u['LUT'])} | {_n(u['FF'])} | {u['DSP']} |")
+    for name, u in DFX_UNITS.items():
+        lines.append(f"| DFX's {name} (MICRO'22) | {u['latency']} | | | {u['DSP']} |")
+    return "\n".join(lines)
+
+
 def perf_full():
     from sim.bench import perf_table
     return perf_table(_bench("perf-u280x4"))
@@ -157,6 +183,7 @@ def perf_what_if():
 
 # Blocks of figures, by name: README's summaries and docs/performance.md's full tables.
 FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "perf": fig_perf,
+           "resources": fig_resources, "arith": fig_arith,
            "perf-full": perf_full, "perf-what-if": perf_what_if}
 _BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

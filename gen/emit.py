@@ -6,7 +6,7 @@ from pathlib import Path
 from .tops import TOPS, build_top, top_key
 from .verilog import PortDirection, flat_ports, to_verilog
 
-__all__ = ["emit", "port_table"]
+__all__ = ["emit", "port_table", "output_names"]
 
 
 def port_table(component):
@@ -17,19 +17,30 @@ def port_table(component):
     return rows
 
 
-def emit(cfg, outdir, *, tops=None):
+def output_names(tops=None):
+    """The file names :func:`emit` writes for ``tops`` (None: every top)."""
+    return [f"{t}.v" for t in (TOPS if tops is None else tops)] + ["config.json", "report.md"]
+
+
+def emit(cfg, outdir, *, tops=None, progress=None):
     """Write ``<top>.v`` for each top, ``config.json`` and ``report.md`` into ``outdir``.
 
     Returns ``{top: path of its Verilog}``. Files whose content is unchanged are not
-    rewritten, so their timestamps (and any build keyed on them) stay put.
+    rewritten, so their timestamps (and any build keyed on them) stay put; the others are
+    written whole or not at all (host.files.atomic_write). ``progress``
+    (host.progress.Progress) is told each top.
     """
+    from host.progress import quiet
+    progress = progress or quiet()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     names = list(TOPS) if tops is None else list(tops)
     written = {}
     sections = []
     for name in names:
+        progress.step(name, "elaborating")
         component = build_top(name, cfg)
+        progress.note("converting to Verilog")
         text = to_verilog(component, name, cache_key=top_key(name, cfg))
         path = outdir / f"{name}.v"
         _write_if_changed(path, text)
@@ -53,7 +64,8 @@ def emit(cfg, outdir, *, tops=None):
 
 
 def _write_if_changed(path, text):
+    from host.files import atomic_write
     path = Path(path)
-    if path.exists() and path.read_text() == text:
+    if path.is_file() and path.read_text() == text:
         return
-    path.write_text(text)
+    atomic_write(path, text)

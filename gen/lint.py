@@ -20,16 +20,26 @@ LINT_VLT = Path(__file__).resolve().parent / "lint.vlt"
 _WARN = re.compile(r"^%(Warning|Error)-?([A-Z0-9_]*): (.*)$")
 
 
-def lint(cfg, outdir, *, tops=None):
-    """{top: [warning lines]} for each top of ``cfg``; an empty list means clean."""
+def lint(cfg, outdir, *, tops=None, progress=None):
+    """{top: [warning lines]} for each top of ``cfg``; an empty list means clean.
+
+    ``progress`` (host.progress.Progress) is told each top and each stage: elaboration,
+    conversion to Verilog (Yosys; the longest stage for a large card), Verilator's lint.
+    """
+    from host.files import atomic_write
+    from host.progress import quiet
+    progress = progress or quiet()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     env = verilator_env()
     results = {}
     for name in (tops or TOPS):
         path = outdir / f"{name}.v"
-        path.write_text(to_verilog(build_top(name, cfg), name, purge=True,
-                                   cache_key=top_key(name, cfg)))
+        progress.step(f"{cfg.name}/{name}", "elaborating")
+        top = build_top(name, cfg)
+        progress.note("converting to Verilog (Yosys)")
+        atomic_write(path, to_verilog(top, name, purge=True, cache_key=top_key(name, cfg)))
+        progress.note("verilator --lint-only -Wall")
         proc = subprocess.run(
             [str(verilator_root() / "bin" / "verilator"), "--lint-only", "-Wall", "--top-module", name,
              str(LINT_VLT), str(path)],

@@ -25,11 +25,12 @@ from hw import regs
 from .emit import port_table
 from .tops import LINKS
 
-__all__ = ["package", "KERNEL", "PLATFORM", "kernel_args", "verilog_ports"]
+__all__ = ["package", "KERNEL", "PLATFORM", "FILES", "kernel_args", "verilog_ports"]
 
 KERNEL = regs.KERNEL
 PLATFORM = "xilinx_u280_gen3x16_xdma_1_202211_1"
 C_TYPES = {32: "uint", 64: "ulong"}
+FILES = (f"{KERNEL}.v", "kernel.xml", "package_kernel.tcl", "link.cfg", "Makefile", "README.md")
 
 
 def kernel_args(cfg):
@@ -193,17 +194,27 @@ def verilog_ports(text, module):
     return out
 
 
-def package(cfg, outdir):
+def package(cfg, outdir, *, progress=None):
+    """Write the files of :data:`FILES` into ``outdir`` (each whole or not at all); returns
+    ``{name: path}``. ``progress`` (host.progress.Progress) is told each stage."""
+    from host.files import atomic_write
+    from host.progress import quiet
+
     from .tops import VitisCard, top_key
     from .verilog import to_verilog
+    progress = progress or quiet()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
+    progress.step("card", "elaborating")
     top = VitisCard(cfg)
+    progress.note("converting to Verilog")
     text = to_verilog(top, "card", module=KERNEL, cache_key=top_key("card", cfg))
     ports = port_table(top)
     files = {f"{KERNEL}.v": text, "kernel.xml": kernel_xml(cfg, ports),
              "package_kernel.tcl": package_tcl(cfg, ports), "link.cfg": link_cfg(cfg),
              "Makefile": makefile(cfg), "README.md": readme(cfg, ports)}
+    assert tuple(files) == FILES
+    progress.note("writing the kernel's files")
     for name, body in files.items():
-        (outdir / name).write_text(body)
+        atomic_write(outdir / name, body)
     return {name: outdir / name for name in files}

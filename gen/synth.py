@@ -99,17 +99,24 @@ def arith_units():
     return out
 
 
-def synth_arith(outdir, names=None, log=print):
-    """Synthesize each arithmetic unit alone; returns {name: counts + latency}."""
+def synth_arith(outdir, names=None, log=print, progress=None):
+    """Synthesize each arithmetic unit alone; returns {name: counts + latency}.
+    ``progress`` (host.progress.Progress) is told each unit."""
+    from host.files import atomic_write
+    from host.progress import quiet
+
     from .verilog import to_verilog
+    progress = progress or quiet()
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     results = {}
     for name, (factory, latency) in arith_units().items():
         if names and name not in names:
             continue
+        progress.step(name, "converting to Verilog")
         path = outdir / f"{name}.v"
-        path.write_text(to_verilog(factory(), name))
+        atomic_write(path, to_verilog(factory(), name))
+        progress.note("yosys synth_xilinx")
         counts = synth_verilog(path, name, workdir=outdir / "work")
         counts.pop("cells")
         results[name] = {"latency": latency, **counts}
@@ -184,7 +191,7 @@ def _unit_factory(name):
     return arith_units()[name]
 
 
-def synth_card(cfg, outdir, log=print):
+def synth_card(cfg, outdir, log=print, progress=None):
     """Resource estimate of one card of ``cfg``: every arithmetic unit and the HBM reader
     synthesized alone (Yosys, cached by their Verilog), multiplied by their instance counts,
     plus the RAMs counted from their shapes. Whole-card synthesis is beyond this machine for
@@ -192,31 +199,39 @@ def synth_card(cfg, outdir, log=print):
     converters, the VSP arbiters, the collective engine) is said in the result."""
     import hashlib
 
+    from host.files import atomic_write
+    from host.progress import quiet
+
     from .tops import TOPS
     from .verilog import to_verilog
+    progress = progress or quiet()
     outdir = Path(outdir)
     cache = outdir.parent / "units"
     cache.mkdir(parents=True, exist_ok=True)
 
     def measure(name, component):
+        progress.note("converting to Verilog")
         v = to_verilog(component, name)
         key = hashlib.sha256(v.encode()).hexdigest()[:16]
         hit = cache / f"{name}-{key}.json"
         if hit.exists():
             return json.loads(hit.read_text())
         path = cache / f"{name}.v"
-        path.write_text(v)
+        atomic_write(path, v)
         log(f"  synthesizing {name} ...")
+        progress.note("yosys synth_xilinx")
         counts = synth_verilog(path, name, workdir=cache / "work")
         counts.pop("cells")
-        hit.write_text(json.dumps(counts))
+        atomic_write(hit, json.dumps(counts))
         return counts
 
     groups = ("LUT", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "BRAM18", "URAM")
     rows = {}
     for name, count in card_units(cfg).items():
         factory, _lat = _unit_factory(name)
+        progress.step(name)
         rows[name] = {"count": count, "each": measure(name, factory())}
+    progress.step("hbm_reader")
     rows["hbm_reader"] = {"count": cfg.hbm.channels,
                           "each": measure(f"hbm_reader_{cfg.name}", TOPS["hbm_reader"](cfg))}
     total = {g: 0 for g in groups}
@@ -242,7 +257,7 @@ def synth_card(cfg, outdir, log=print):
         "the collective engine; Yosys gives no timing (fmax) and no placement",
     }
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / f"card-{cfg.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    atomic_write(outdir / f"card-{cfg.name}.json", json.dumps(result, indent=1) + "\n")
     return result
 
 

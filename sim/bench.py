@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from host.progress import quiet
 from hw.isa import encode
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,13 +56,15 @@ def _matvec_program(cfg, shapes):
     return prog, tiles
 
 
-def _layer_runs(cfg, dev_factory, positions, log):
+def _layer_runs(cfg, dev_factory, positions, log, progress=None):
     """Decode-step counters for models of 1 and 2 layers at the config's largest width."""
     from host.compiler import CompiledModel
     from host.model import Gpt2Shape, random_gpt2
     lim = cfg.core.limits
     out = {}
+    progress = progress or quiet()
     for n_layer in (1, 2):
+        progress.step(f"decode step, {n_layer} layer(s)", f"prefill of {positions} positions")
         shape = Gpt2Shape(n_layer=n_layer, n_head=lim.heads, d_model=lim.d_model,
                           vocab=min(lim.vocab, 1024), n_positions=min(lim.seq_len, max(positions + 1, 64)))
         cm = CompiledModel(cfg, random_gpt2(shape, np.random.default_rng(0)))
@@ -81,8 +84,11 @@ def _layer_runs(cfg, dev_factory, positions, log):
     return out
 
 
-def bench_core(cfg, *, positions=32, log=print):
+def bench_core(cfg, *, positions=32, log=print, progress=None):
     from sim.system import RtlDevice, build_card
+    progress = progress or quiet()
+    progress.total = 4
+    progress.step("Verilator build of the card", "cached after the first")
     lib, built, seconds = build_card(cfg, log=log)
     if not built:
         meta = json.loads((lib.parent / "build.json").read_text())
@@ -91,6 +97,7 @@ def bench_core(cfg, *, positions=32, log=print):
     result = {"config": cfg.name, "verilator_build_seconds": round(seconds, 1)}
 
     dev = RtlDevice(cfg, lib=lib)
+    progress.step("GPT-2-small matvecs")
     prog, tiles = _matvec_program(cfg, GPT2_SMALL_MATVECS)
     t0 = time.monotonic()
     c = dev.run(prog, 1 << 26, timeout_s=3600)
@@ -103,7 +110,7 @@ def bench_core(cfg, *, positions=32, log=print):
     sim_cycles, sim_wall = c["cycles"], wall
     log(f"  GPT-2-small matvecs: {tiles} tiles in {c['cycles']} cycles")
 
-    runs = _layer_runs(cfg, lambda: RtlDevice(cfg, lib=lib), positions, log)
+    runs = _layer_runs(cfg, lambda: RtlDevice(cfg, lib=lib), positions, log, progress)
     one, two = runs[1], runs[2]
     cyc = two["cycles"] - one["cycles"]
     rd = two["hbm_rd_bytes"] - one["hbm_rd_bytes"]
@@ -134,7 +141,7 @@ def _hops(op, n):
     return 2 * (n - 1) if op == "allreduce" else n - 1
 
 
-def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print):
+def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print, progress=None):
     """busbw against message size (nccl-tests' definitions) on the simulated ring.
 
     The sweep is all-reduce of fp32 vectors of ``size`` bytes per card, unidirectional and
@@ -144,10 +151,15 @@ def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print):
     link model's latency.
     """
     from sim.fabric import build_fabric, node_params, run_collective
+    progress = progress or quiet()
+    big = sorted({1 << 20, max(sizes)})
+    progress.total = 1 + len(cards) * 2 * (len(sizes) + 2 * len(big))
+    progress.step("Verilator build of the collective node", "cached after the first")
     lib = build_fabric(node_params(cfg), log=log)
     rows = []
 
     def one(op, size, n, bidi):
+        progress.step(f"{op} of {size} B on {n} cards{' both ways' if bidi else ''}")
         per_card = size // n if op == "allgather" else size
         elements = max(1, per_card // 4)
         fig, *_ = run_collective(cfg, op, elements, cards=n, bidirectional=bidi, lib=lib)
@@ -166,7 +178,7 @@ def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print):
             for size in sizes:
                 one("allreduce", size, n, bidi)
             for op in ("allgather", "reducescatter"):
-                for size in sorted({1 << 20, max(sizes)}):
+                for size in big:
                     one(op, size, n, bidi)
     big = [r for r in rows if r["size"] >= 1 << 20]
     small = [r for r in rows if r["size"] == min(sizes) and r["op"] == "allreduce"]
@@ -185,7 +197,7 @@ def bench_collective(cfg, *, sizes=SWEEP_BYTES, cards=SWEEP_CARDS, log=print):
 CARD_SIZES = {"vsp": (4 << 10, 16 << 10, 32 << 10), "hbm": (16 << 10, 256 << 10, 1 << 20, 4 << 20)}
 
 
-def bench_card_collective(cfg, *, cards=(2, 4), sizes=CARD_SIZES, log=print):
+def bench_card_collective(cfg, *, cards=(2, 4), sizes=CARD_SIZES, log=print, progress=None):
     """All-reduce through the card kernel's collective unit on the Verilated appliance (COLL
     from the VSP and, with hbm, from HBM stripe rows to HBM), checked against numpy's
     reference; busbw as in the fabric sweep, from the card's cycle counter (COLL + HALT)."""
@@ -196,12 +208,17 @@ def bench_card_collective(cfg, *, cards=(2, 4), sizes=CARD_SIZES, log=print):
     from sim.progs import Layout
     from sim.ref import collective as ref
     from sim.system import RtlAppliance, build_card
+    progress = progress or quiet()
+    cases = [(w, z, c) for c in cards for w, sz in sizes.items() for z in sz]
+    progress.total = (progress.total or 0) + 1 + len(cases)       # after bench_collective's
+    progress.step("Verilator build of the card", "cached after the first")
     lib, _, _ = build_card(cfg, log=log)
     lay = Layout(cfg)
     S, B = cfg.stripe_bytes, cfg.link.data_bits // 32
     rng = np.random.default_rng(0)
     rows = []
-    for where, size, n_cards in [(w, z, c) for c in cards for w, sz in sizes.items() for z in sz]:
+    for where, size, n_cards in cases:
+        progress.step(f"card all-reduce of {size} B from the {where.upper()} on {n_cards} cards")
         n = size // 4
         app = RtlAppliance(cfg, n_cards, lib=lib)
         x = rng.standard_normal((n_cards, n)).astype(np.float32)
@@ -269,7 +286,7 @@ def plot_collective(result, path):
     ax.grid(True, which="both", lw=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    fig.savefig(path)
+    _save_png(fig, path)
     plt.close(fig)
 
 
@@ -315,7 +332,7 @@ def _size(b):
 
 # -- the runtime ------------------------------------------------------------------------------
 def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_tokens=16,
-              cards=(1, 2, 4), log=print):
+              cards=(1, 2, 4), log=print, progress=None):
     """The demo model through `gptfpga run`'s loop on the Verilated appliance of 1, 2 and 4
     cards (several only when the config's card kernel has ring links): prefill and decode cycles
     per token, HBM utilization over whole decode tokens (of every card's HBM), link bytes per
@@ -326,7 +343,11 @@ def bench_run(cfg, *, prompt="On a rock at the edge of the northern sea", new_to
     model = load_checkpoint(DEMO_MODEL)
     ids = load_tokenizer(DEMO_MODEL).encode(prompt)
     runs = []
-    for n in (c for c in cards if c == 1 or cfg.ring_links):
+    progress = progress or quiet()
+    todo = [c for c in cards if c == 1 or cfg.ring_links]
+    progress.total = len(todo)
+    for n in todo:
+        progress.step(f"demo model on {n} Verilated card(s)", f"{new_tokens} tokens")
         out, _, stats = generate(cfg, make_cards(cfg, model, "rtl", n), None, ids, new_tokens)
         fig = stats.summary(cfg)
         log(f"  demo model on {n} card(s), {len(ids)}-token prompt, {len(out)} tokens: decode "
@@ -383,7 +404,7 @@ def _calibration_cases():
     ]
 
 
-def calibrate_perf(*, log=print, cases=None, collectives=True):
+def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
     """The performance model against the Verilated card's cycle counter, step by step; and the
     collective model against the collective engine's RTL for decode-sized all-reduces."""
     from host.compiler import CompiledModel
@@ -391,11 +412,18 @@ def calibrate_perf(*, log=print, cases=None, collectives=True):
     from sim.fabric import run_collective
     from sim.system import RtlDevice
     runs = []
-    for name, cfg, make, steps in cases or _calibration_cases():
+    progress = progress or quiet()
+    cases = cases or _calibration_cases()
+    coll_cases = [(op, n, w) for op in ("allreduce", "allgather") for n in (2, 4) for w in (1024, 1600)]
+    coll_cases = coll_cases if collectives else []
+    progress.total = sum(len(c[3]) for c in cases) + len(coll_cases)
+    for name, cfg, make, steps in cases:
+        progress.note(f"{name}: compiling, building the Verilated card")
         cm = CompiledModel(cfg, make())
         dev = RtlDevice(cfg)
         cm.load(dev)
         for kind, tokens, pos in steps:
+            progress.step(f"{name}: {kind} at {pos}")
             tokens = tokens or cm.T
             prog = cm.step([1] * tokens, pos)
             rtl = dev.run(prog, cm.prog_addr, timeout_s=3600)
@@ -410,34 +438,36 @@ def calibrate_perf(*, log=print, cases=None, collectives=True):
     colls = []
     from gen.config import load_config
     u = load_config(ROOT / "configs" / "u280x4.yaml")
-    for op in ("allreduce", "allgather") if collectives else ():
-        for cards in (2, 4):
-            for words in (1024, 1600):
-                fig, *_ = run_collective(u, op, words, cards=cards,
-                                         bidirectional=u.topology == "bidirectional_ring")
-                model = coll_cycles(u.replace(cards=cards), cards, words, card=False, op=op)
-                err = (model - fig["cycles"]) / fig["cycles"]
-                colls.append({"config": u.name, "op": op, "cards": cards, "words": words,
-                              "rtl_cycles": fig["cycles"], "model_cycles": model,
-                              "error": round(err, 4)})
-                log(f"  {op} of {words} words on {cards} cards ({u.name}): RTL {fig['cycles']}, "
-                    f"model {model} ({err:+.1%})")
+    for op, cards, words in coll_cases:
+        progress.step(f"{op} of {words} words on {cards} cards ({u.name})")
+        fig, *_ = run_collective(u, op, words, cards=cards,
+                                 bidirectional=u.topology == "bidirectional_ring")
+        model = coll_cycles(u.replace(cards=cards), cards, words, card=False, op=op)
+        err = (model - fig["cycles"]) / fig["cycles"]
+        colls.append({"config": u.name, "op": op, "cards": cards, "words": words,
+                      "rtl_cycles": fig["cycles"], "model_cycles": model,
+                      "error": round(err, 4)})
+        log(f"  {op} of {words} words on {cards} cards ({u.name}): RTL {fig['cycles']}, "
+            f"model {model} ({err:+.1%})")
     return {"steps": runs, "collectives": colls,
             "calibration_error": max(abs(r["error"]) for r in runs),
             "collective_error": max((abs(r["error"]) for r in colls), default=None)}
 
 
 def bench_perf(cfg, *, shapes=("gpt2-medium", "gpt2-large", "gpt2-xl"), cards=(1, 2, 4),
-               clocks=(200, 300), lengths=(32, 64, 128), log=print):
+               clocks=(200, 300), lengths=(32, 64, 128), log=print, progress=None):
     """The side-by-side: projected figures of GPT-2 345M, 774M and 1.5B on 1, 2 and 4 cards of
     ``cfg`` at each clock, for [input:output] lengths, next to DFX's published ones."""
     from host.errors import UserError
     from host.model import SHAPES
     from host.perf import DFX, StepCosts, predict
     rows = []
+    progress = progress or quiet()
+    progress.total = len(shapes) * len(cards) * len(clocks) + 6        # and the what-ifs
     for shape in shapes:
         for n in cards:
             for mhz in clocks:
+                progress.step(f"{shape} on {n} card(s) at {mhz} MHz")
                 c = cfg.replace(cards=n, clock_mhz=mhz)
                 try:
                     costs = StepCosts(c, SHAPES[shape], n)
@@ -451,7 +481,7 @@ def bench_perf(cfg, *, shapes=("gpt2-medium", "gpt2-large", "gpt2-xl"), cards=(1
                     rows.append({"model": shape, "fits": True, "in_out": f"{L}:{L}", **r})
                 log(f"  {shape} on {n} card(s) at {mhz} MHz: decode {rows[-1]['decode_ms_per_token']} "
                     f"ms/token ({rows[-1]['hbm_roofline_fraction']} of the HBM roofline)")
-    what_if = _what_if(cfg, log)
+    what_if = _what_if(cfg, log, progress=progress)
     cal = recorded_calibration()
     return {"config": cfg.name, "source": "projected by the performance model (host/perf.py), "
             "not measured: no RTL appliance of several cards yet, and never on a board",
@@ -459,7 +489,7 @@ def bench_perf(cfg, *, shapes=("gpt2-medium", "gpt2-large", "gpt2-xl"), cards=(1
             "what_if": what_if}
 
 
-def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64):
+def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64, progress=None):
     """GPT-2 1.5B on 4 cards, [64:64] at 200 MHz, with one design parameter changed at a time:
     where the decode time goes, and what would buy it back."""
     import dataclasses
@@ -481,7 +511,9 @@ def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64):
                      "ceil((N-1)/2) hops)", base))
     variants.append(("exchange and 16 vector lanes", variants[1][1]))
     out = []
+    progress = progress or quiet()
     for name, c in variants:
+        progress.step(f"what if: {name.split(' (')[0]}")
         algo = "exchange" if "exchange" in name else "ring"
         costs = StepCosts(c, SHAPES[shape], cards, coll_algorithm=algo)
         r = predict(c, SHAPES[shape], cards=cards, prompt=length, new_tokens=length, costs=costs)
@@ -544,5 +576,12 @@ def plot_roofline(result, path):
         ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    _save_png(fig, path, dpi=110)
     plt.close(fig)
+
+
+def _save_png(fig, path, **kw):
+    """A matplotlib figure to ``path`` as PNG, whole or not at all."""
+    from host.files import atomic_output
+    with atomic_output(path, "wb", flag="--plot") as f:
+        fig.savefig(f, format="png", **kw)

@@ -21,7 +21,7 @@ from .ref import collective as ref
 from .toolchain import verilator_env, verilator_root
 
 __all__ = ["NodeParams", "node_params", "build_fabric", "Fabric", "run_collective", "OPS",
-           "LinkDead", "BUS_FACTOR", "bandwidth"]
+           "LinkDead", "BUS_FACTOR", "bandwidth", "user_layout"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "cpp" / "fabric_sim.cpp"
@@ -254,3 +254,63 @@ def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional
     fig.update({"ok": bool(ok), **bandwidth(cfg, op, N, size, cycles, bidirectional)})
     fab.close()
     return fig, inputs, outputs, expect
+
+
+def user_layout(cfg, op, inputs, outputs, *, dtype="fp32", bidirectional=False):
+    """The inputs and each card's result as the user asked for them, without the ring's
+    layout (vectors padded to whole link beats, all-gather blocks at a beat stride): a dict
+    of arrays for ``numpy.savez``.
+
+    - ``inputs`` [cards, n]: each card's vector (float32, or float16 with ``dtype="fp16"``);
+    - all-reduce: ``outputs`` [cards, n] float32, the sum on every card;
+    - all-gather: ``outputs`` [cards, cards * n], every card's copy of the cards' vectors one
+      after the other (in the input's type);
+    - reduce-scatter: ``outputs`` [cards, n] float32, each card's share of the sum at its
+      elements' places and NaN elsewhere, and ``owner`` [n], the card holding each element
+      (shares are whole link beats, so they differ in length);
+    - ``output_lengths`` [cards]: the elements each card holds.
+
+    ``inputs`` and ``outputs`` are what :func:`run_collective` (or
+    ``sim.system.run_card_collective``) returns: 32-bit words, fp16 values in the low half.
+    """
+    inputs = np.asarray(inputs, np.uint32)
+    N, n = inputs.shape
+    W = cfg.link.data_bits // 32
+    nb = -(-n // W)
+
+    def values(words, fp16):
+        words = np.asarray(words, np.uint32)
+        return (words & 0xFFFF).astype(np.uint16).view(np.float16) if fp16 else words.view(np.float32)
+
+    out = {"inputs": values(inputs, dtype == "fp16")}
+    if op == "allreduce":
+        res = np.stack([values(o[:n], False) for o in outputs])
+        lengths = [n] * N
+    elif op == "allgather":
+        res = np.stack([values(np.asarray(o).reshape(N, nb * W)[:, :n].reshape(-1), dtype == "fp16")
+                        for o in outputs])
+        lengths = [N * n] * N
+    elif op == "reducescatter":
+        res = np.full((N, n), np.nan, np.float32)
+        owner = np.full(n, -1, np.int64)
+        for card, o in enumerate(outputs):
+            o = values(o, False)
+            k = 0                                  # in ref.own_segments' order
+            for p0, pb, _d in ref.halves(nb, bidirectional):
+                s0, sb = ref.segments(pb, N)[card]
+                lo, hi = (p0 + s0) * W, (p0 + s0 + sb) * W
+                take = max(0, min(hi, n) - lo)
+                res[card, lo:lo + take] = o[k:k + take]
+                owner[lo:lo + take] = card
+                k += hi - lo
+            if k != len(o):
+                raise ValueError(f"card {card}: {len(o)} result words, the segments hold {k}")
+        if (owner < 0).any():
+            raise ValueError("reduce-scatter: elements no card holds")
+        out["owner"] = owner
+        lengths = [int((owner == c).sum()) for c in range(N)]
+    else:
+        raise ValueError(f"op {op!r}")
+    out["outputs"] = res
+    out["output_lengths"] = np.array(lengths)
+    return out

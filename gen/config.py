@@ -358,6 +358,42 @@ def config_from_dict(data: dict) -> ApplianceConfig:
     return _build(ApplianceConfig, data, "")
 
 
+def _yaml_load(text, path):
+    """yaml.safe_load, refusing a key given twice in one mapping (PyYAML keeps the last value
+    without a word): ConfigError naming the key path and both lines."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _unique_keys(node, (), path, set())
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _unique_keys(node, keypath, path, seen_nodes):
+    if id(node) in seen_nodes:            # an alias: checked where it was anchored
+        return
+    seen_nodes.add(id(node))
+    if isinstance(node, yaml.MappingNode):
+        first = {}
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                line = key.start_mark.line + 1
+                if key.value in first:
+                    where = ".".join((*keypath, key.value))
+                    raise ConfigError(f"{path}: line {line}: {where}: given twice (first at line "
+                                      f"{first[key.value]}); allowed: each key once")
+                first[key.value] = line
+                _unique_keys(value, (*keypath, key.value), path, seen_nodes)
+            else:
+                _unique_keys(value, keypath, path, seen_nodes)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _unique_keys(item, (*keypath, f"[{i}]"), path, seen_nodes)
+
+
 def load_config(path: str | Path) -> ApplianceConfig:
     """Load and validate a YAML config. Raises ConfigError with a one-line message."""
     path = Path(path)
@@ -365,8 +401,11 @@ def load_config(path: str | Path) -> ApplianceConfig:
         text = path.read_text()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text file (byte {e.start} is not UTF-8); allowed: a YAML "
+                          f"config") from None
     try:
-        data = yaml.safe_load(text)
+        data = _yaml_load(text, path)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""

@@ -103,3 +103,45 @@ def test_console_script_no_traceback(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"gptfpga: error: {path}: link.data_bits: got 100; allowed: one of "
                                    "64, 128, 256, 512")
+
+
+@pytest.mark.parametrize("text, key, line, first", [
+    ("core:\n  lanes: 4\n  width: 16\n  lanes: 8\n", "core.lanes", 4, 2),
+    ("name: a\ncards: 2\nname: b\n", "name", 3, 1),
+])
+def test_duplicate_key_is_an_error(text, key, line, first, tmp_path, capsys):
+    """PyYAML keeps the last of two equal keys without a word; the config loader names the key
+    path and both lines instead, whatever else is wrong with the file."""
+    path = tmp_path / "dup.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == (f"{path}: line {line}: {key}: given twice (first at line {first}); "
+                            f"allowed: each key once")
+    rc, err = _run_emit(path, capsys)
+    assert rc == 2 and err.strip() == f"gptfpga: error: {e.value}"
+
+
+def test_duplicate_key_in_a_whole_config(tmp_path):
+    """The shipped config with one key repeated at the end of its section fails; as written it
+    loads (anchors, lists and equal keys in different sections are not duplicates)."""
+    lines = TINY.read_text().splitlines()
+    i = next(k for k, s in enumerate(lines) if s.strip().startswith("channels:"))
+    dup = lines[:i + 1] + [lines[i].replace(lines[i].split(":")[1], " 8")] + lines[i + 1:]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(dup) + "\n")
+    with pytest.raises(ConfigError, match=rf"line {i + 2}: hbm\.channels: given twice \(first at line "
+                                          rf"{i + 1}\)"):
+        load_config(path)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("x: &a {p: 1, q: 2}\ny: *a\nz: [ {p: 1}, {p: 2} ]\n")
+    from gen.config import _yaml_load
+    assert _yaml_load(ok.read_text(), ok) == {"x": {"p": 1, "q": 2}, "y": {"p": 1, "q": 2},
+                                              "z": [{"p": 1}, {"p": 2}]}
+
+
+def test_binary_config_is_one_line(tmp_path, capsys):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"\xff\xfe\x00binary")
+    rc, err = _run_emit(path, capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "not a text file" in err

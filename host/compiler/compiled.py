@@ -1,0 +1,137 @@
+"""A GPT-2 compiled for one card of an appliance: the object the runtime, the performance model
+and the tools hold.
+
+Owns
+----
+``check_limits`` (a model against the build's core.limits) and ``CompiledModel``, which puts
+the parts together (``Partition``, ``Dims``, ``Placement``, ``KvLayout``, ``ParamLayout``, the
+HBM image) and offers what a host does with a card: load the image, get a step's program, read
+the logits and the hidden-state dumps back.
+"""
+
+import numpy as np
+
+from ..errors import UserError
+from ..stripes import read_stripes, write_stripes
+from .emit import Emitter
+from .image import build_image
+from .layout import Dims, KvLayout, ParamLayout, param_align
+from .partition import Partition
+from .placement import choose
+
+__all__ = ["CompiledModel", "check_limits"]
+
+
+def check_limits(cfg, shape, what="model"):
+    """UserError naming the first of the model's sizes beyond the build's core.limits."""
+    lim = cfg.core.limits
+    for name, have, cap in (("d_model", shape.d_model, lim.d_model), ("heads", shape.n_head, lim.heads),
+                            ("layers", shape.n_layer, lim.layers), ("vocab", shape.vocab, lim.vocab),
+                            ("seq_len", shape.n_positions, lim.seq_len)):
+        if have > cap:
+            raise UserError(f"{what}: {name} {have} exceeds the build's core.limits.{name} = {cap} "
+                            f"(by {have - cap}); use a larger config")
+
+
+class CompiledModel:
+    """A GPT-2 compiled for card ``card`` of ``cards`` (intra-layer, as DFX does: this card's
+    share of the heads, of the MLP's columns and of the vocabulary; an all-reduce (COLL) after
+    each projection gives every card the whole residual stream).
+
+    Parameters
+    ----------
+    cfg : gen.config.Config
+    model : host.model.Gpt2
+        Its weights None: a shapes-only compile (programs and the HBM layout, no image bytes),
+        what the performance model replays.
+    card, cards : int
+    max_tokens : int, optional
+        Tokens per step; default as many as the on-chip buffers hold, at most MAX_TOKENS.
+    dump_hidden : bool
+        Every step stores the residual stream after the embeddings and each layer
+        (``read_hidden``).
+    all_logits : bool
+        Every step stores every token's logits, not only the last's.
+    param_areas : int, optional
+        Layer-parameter areas (2 or 1); default 2 where they fit.
+
+    Attributes
+    ----------
+    part : Partition
+    dims : Dims
+        This card's share's vector sizes.
+    plan : Placement
+        The on-chip buffers, chosen for the largest share of any card.
+    kv : KvLayout
+    params : ParamLayout
+    img : HbmImage
+        The image's bytes (``parts``) and rows (``next_row``); ``load`` writes it.
+    hbm : HbmLayout
+        Where everything is in HBM.
+    T, param_areas, H, dS, v_g, v_pars, kv_rows, prog_addr
+        Shorthands: the plan's tokens per step, parameter areas, all-gather buffer and
+        parameter areas' VSP words; this card's heads; the residual stream's token stride;
+        the K/V caches' rows [lo, hi); the program's byte address.
+    """
+
+    def __init__(self, cfg, model, *, card=0, cards=1, max_tokens=None, dump_hidden=False,
+                 all_logits=False, param_areas=None):
+        self.cfg, self.model, self.sh = cfg, model, model.shape
+        self.weights = model.weights      # None: a shapes-only compile (programs, no image)
+        self.dump_hidden, self.all_logits = dump_hidden, all_logits
+        sh, c = self.sh, cfg.core
+        check_limits(cfg, sh)
+        self.part = Partition.of(sh, card=card, cards=cards, lanes=c.lanes)
+        largest, mine = self.part.largest, self.part.mine
+        self.dims = Dims.of(sh, c.lanes, c.width, H=mine.H, F=mine.F, V=mine.V)
+        self.plan = choose(cfg, sh, Dims.of(sh, c.lanes, c.width, H=largest.H, F=largest.F, V=largest.V),
+                           self.dims, cards=cards, all_logits=all_logits, max_tokens=max_tokens,
+                           param_areas=param_areas)
+        self.kv = KvLayout.of(self.dims, c.lanes, c.width, sh.n_positions)
+        self.params = ParamLayout.of((2 * self.dims.dq + self.dims.dv, sh.d_model, mine.F, sh.d_model),
+                                     c.vector_lanes, param_align(c.vector_lanes, cfg.stripe_bytes))
+        self.img, self.hbm = build_image(cfg, sh, self.weights, self.part, self.dims, self.kv, self.params,
+                                         T=self.plan.T, all_logits=all_logits)
+        self.card, self.cards = card, cards
+        self.T, self.param_areas = self.plan.T, self.plan.param_areas
+        self.v_g, self.v_pars = self.plan.v_g, self.plan.v_pars
+        self.H, self.dS = mine.H, self.dims.dS
+        self.kv_rows, self.prog_addr = self.hbm.kv_rows, self.hbm.prog_addr
+
+    def load(self, dev):
+        """Write the image (weights, parameters, constants, zeroed KV cache) into a card."""
+        if self.weights is None:
+            raise ValueError("a shapes-only compile has no image to load")
+        self.img.write(dev)
+        lo, hi = self.kv_rows
+        if hi > lo:
+            write_stripes(dev, self.cfg, lo, np.zeros((hi - lo) * self.cfg.stripe_bytes, np.uint8))
+
+    def step(self, tokens, pos0):
+        """Program for ``tokens`` (at most T) at positions pos0, pos0 + 1, ..."""
+        T = len(tokens)
+        if not 1 <= T <= self.T:
+            raise ValueError(f"step: {T} tokens; 1..{self.T} allowed")
+        if pos0 + T > self.sh.n_positions:
+            raise UserError(f"prompt: position {pos0 + T - 1} is beyond the model's context "
+                            f"({self.sh.n_positions} positions)")
+        return Emitter(self, list(tokens), pos0).program()
+
+    def read_logits(self, dev, T):
+        """Logits of the step's T tokens (all of them if compiled with all_logits, else the
+        last): array [T or 1, this card's vocabulary slice]."""
+        T = T if self.all_logits else 1
+        vS, S = self.dims.vS, self.cfg.stripe_bytes
+        raw = read_stripes(dev, self.cfg, self.hbm.logits_row, -(-T * vS * 4 // S))[:T * vS * 4]
+        return raw.view(np.float32).reshape(T, vS)[:, :self.part.mine.V]
+
+    def read_hidden(self, dev, T):
+        """The residual stream of the step's T tokens after the embeddings and after each
+        layer (compiled with dump_hidden): array [n_layer + 1, T, d_model]."""
+        per, dS = self.hbm.hidden_stride, self.dims.dS
+        out = []
+        for k in range(self.sh.n_layer + 1):
+            raw = read_stripes(dev, self.cfg, self.hbm.hidden_row + k * per, per)
+            vals = raw[:self.T * dS * 4].view(np.float32).reshape(self.T, dS)
+            out.append(vals[:T, :self.sh.d_model])
+        return np.stack(out)

@@ -1,0 +1,531 @@
+"""One generation step's instruction stream.
+
+Owns
+----
+``Emitter``: the order of a step's instructions: the embeddings, per layer the LayerNorm and
+c_attn with the K/V caches' STOREs, attention, attn.c_proj, the LayerNorm and c_fc with GELU,
+mlp.c_proj (each projection with its residual or all-reduce), then the LM head. Which vector
+work runs beside which MATVEC, and why, is in docs/architecture.md ("Compiling GPT-2").
+
+Instructions are collected with each MATVEC as a ``schedule.Job``; ``schedule.place_wloads``
+then places the WLOADs. The emitter reads a ``CompiledModel``'s public parts: its partition,
+``Dims``, ``Placement``, ``HbmLayout``, ``KvLayout`` and ``ParamLayout``.
+"""
+
+from dataclasses import dataclass, field
+from functools import partial
+
+from hw.isa import ACC_DEPTH, encode
+
+from ..errors import UserError
+from .image import LayerRows
+from .layout import GROUP, round_up
+from .schedule import Job, chunk_blocks, matrix_chunks, place_wloads
+
+__all__ = ["Emitter"]
+
+
+@dataclass
+class _Layer:
+    """What the parts of one layer's emission share.
+
+    Attributes
+    ----------
+    index : int
+    rows : LayerRows
+        The layer's rows in HBM.
+    par : int
+        The VSP parameter area the layer's parameters are in.
+    biases : tuple of int
+        VSP words of c_attn's, attn.c_proj's, c_fc's and mlp.c_proj's biases.
+    k_stored : set of int
+        Tokens whose K has been STOREd.
+    v_stored : dict
+        Token -> the heads (0 .. n - 1) whose V has been STOREd.
+    k_wait : int or None
+        The program position from which the K tiles may stream: the chunk work after the one
+        that STOREd the last token's K (a WLOAD right behind its STORE would hold in-order
+        issue until the STORE is done).
+    """
+
+    index: int
+    rows: LayerRows
+    par: int
+    biases: tuple
+    k_stored: set = field(default_factory=set)
+    v_stored: dict = field(default_factory=dict)
+    k_wait: int | None = None
+
+
+@dataclass
+class _LogitsBuffer:
+    """One LM head chunk's logits in a VSP buffer: ``rows`` logits from logit ``first`` of the
+    slice, the first ``done`` of them STOREd."""
+
+    buf: int
+    first: int
+    rows: int
+    done: int = 0
+
+
+class Emitter:
+    """Builds one step's program for ``tokens`` at positions pos0, pos0 + 1, ... of a
+    ``CompiledModel`` ``cm`` (the caller checks their count and positions).
+
+    ``program()`` returns the instruction words, the WLOADs placed by ``place_wloads``: as
+    early as their data allow and the weight FIFO holds, in MATVEC order."""
+
+    def __init__(self, cm, tokens, pos0):
+        self.sh, self.dims, self.b, self.hbm = cm.sh, cm.dims, cm.plan, cm.hbm
+        self.kv, self.params = cm.kv, cm.params
+        self.card, self.cards = cm.part.card, cm.part.cards
+        self.all_logits, self.dump_hidden = cm.all_logits, cm.dump_hidden
+        c = cm.cfg.core
+        self.L, self.W, self.P, self.S = c.lanes, c.width, c.vector_lanes, cm.cfg.stripe_bytes
+        self.fifo = c.weight_fifo_tiles
+        self.tokens, self.pos0 = tokens, pos0
+        self.T = len(tokens)
+        self.out = []              # instruction words and Jobs
+        self.kv_ready = 0          # K/V tiles may stream only after this position (their STOREs)
+        self.w_ready = 0           # no weight tiles stream before this position
+        # fp16(x) goes to x_a with the residual stream's last write (VEC.x16) instead of a
+        # CVT16 pass of its own where x has no padding words (d a multiple of W) to convert.
+        self.x16_x = cm.sh.d_model % self.W == 0
+        self.xa_ready = False      # x_a holds fp16(x) of the step's tokens (ln_matvec)
+        self.xa = self.b.x_a       # the XB input of the last ln_matvec
+        # q's rows go to XB as fp16 with their LayerNorm fix-up (for the K MATVECs) where they
+        # start at a whole VSP word group; else a CVT16 pass converts them.
+        self.q16 = self.dims.q_off % self.P == 0
+
+    # -- instructions ---------------------------------------------------------------------------
+    def e(self, op, **f):
+        self.out.append(encode(op, **f))
+
+    def vec(self, vop, dst, src1, n, src2=0, bcast=0, k=0, xdst=None):
+        """A VEC; with ``xdst`` the result goes to XB (fp16) at xdst too (VEC.x16)."""
+        self.e("VEC", vop=vop, dst=dst, src1=src1, src2=src2, n=n, bcast=bcast, k=k,
+               x16=int(xdst is not None), xdst=xdst or 0)
+
+    def store_f32(self, vsp, n, row):
+        """STORE ``n`` fp32 words from VSP word ``vsp`` to stripe rows from ``row``."""
+        per_row = self.S // 4
+        lepg = per_row.bit_length() - 1
+        for a in range(0, n, 1 << 15):
+            k = min(1 << 15, n - a)
+            self.e("STORE", vsp=vsp + a, n=k, row=row + a // per_row, off=0, lepg=lepg, lgpr=0,
+                   gstride=0, rstride=1, f32=1)
+
+    def scalar(self, t, k):
+        """Token t's scalar slot k (P words each; 4 + 2H per token): 0..3 LayerNorm, 4 + h
+        head h's max, 4 + H on: the heads' softmax sums, side by side."""
+        return self.b.v_scal + ((4 + 2 * self.dims.H) * t + k) * self.P
+
+    def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=None, tokens=None,
+               then=None, first=None, defer_last=False, tt=0, short_tail=False):
+        """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
+        groups of row blocks (``schedule.matrix_chunks``). ``kv``: the matrix is a head's K or
+        V cache, one job whose tiles are the runs ``kv`` (first row, tiles), streamed once the
+        caches hold this step's rows (``kv_ready``). ``first()`` emits instructions right
+        after the first MATVEC.
+
+        ``then(t, row0, rows)`` emits the vector work on a finished chunk of the output (token
+        t's rows row0 .. row0 + rows). Each chunk's work goes after the *next* chunk's MATVEC:
+        in-order issue then waits for chunk k while chunk k + 1 already runs, so the matrix
+        unit stays busy and the vector unit works beside it instead of after it. With
+        ``defer_last`` the last chunk's work is returned (a function) for the caller to
+        place."""
+        row, rb, cb = m
+        T = self.T if tokens is None else tokens
+        group = min(group, ACC_DEPTH // T)
+        if kv:
+            chunks = [(0, rb)]
+        else:
+            chunks = matrix_chunks(rb, cb, group=group, fifo_tiles=self.fifo, L=self.L, W=self.W,
+                                   short_tail=short_tail)
+        prev = None
+        for r0, n in chunks:
+            # (a job's tiles follow the matrix's stream order only from a group's start)
+            assert kv or r0 % group == 0, (r0, group)
+            if n * cb > self.fifo:
+                raise UserError(f"model: {n * cb} tiles in one MATVEC exceed the weight FIFO's "
+                                f"{self.fifo} (core.weight_fifo_tiles)")
+            f = dict(xb=xb, dst=dst + r0 * self.L, rb=n, cb=cb, group=group, tokens=T,
+                     xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
+                     bias=(bias + r0 * self.L) if bias is not None else 0, bias_en=int(bias is not None),
+                     tt=tt)
+            runs = kv if kv else [(row + r0 * cb, n * cb)]
+            self.out.append(Job(tuple(runs), n * cb, f, max(self.w_ready, self.kv_ready if kv else 0)))
+            if first is not None and prev is None:
+                first()
+            if then is not None and prev is not None:
+                self._then(then, T, prev)
+            prev = (r0, n)
+        if then is not None:
+            if defer_last:
+                return partial(self._then, then, T, prev)
+            self._then(then, T, prev)
+        return None
+
+    def _then(self, then, T, chunk):
+        r0, n = chunk
+        for t in range(T):
+            then(t, r0 * self.L, n * self.L)
+
+    # -- LayerNorm folded into the next matrix --------------------------------------------------
+    def ln_fixup(self, t, y, n, bias, x16=None):
+        """y[0:n] = r y + bias[0:n], r token t's 1 / sqrt(var + eps) (ln_matvec). ``x16`` =
+        (k, xdst): elements k.. also go to XB from xdst (fp16), for the next MATVEC."""
+        self.vec("MUL", y, y, n, src2=self.scalar(t, 1), bcast=1)
+        k, xdst = x16 if x16 is not None else (n, None)
+        if k > 0:
+            self.vec("ADD", y, y, k, src2=bias)
+        if k < n:
+            self.vec("ADD", y + k, y + k, n - k, src2=bias + k, xdst=xdst)
+
+    def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, before=None,
+                  xq=None, **kw):
+        """LayerNorm of the residual stream x followed by matrix ``m`` (its LayerNorm folded
+        in: weights.fold_layer_norm): the matrix unit starts on fp16(x) at once; the mean and
+        r = 1 / sqrt(var + eps) of each token run on the vector unit beside the first chunk;
+        each finished chunk of rows becomes r z + bias (then ``then(t, row0, rows)``).
+        ``toks``: the tokens (default all) whose x go in, as the MATVEC's tokens 0, 1, ...;
+        ``bias + r``: the VSP word of the bias for output row r; ``before()`` is emitted ahead
+        of the statistics. ``xq`` = (row, xb, stride): output rows from ``row`` on also go to
+        XB as fp16, token j's at xb + j stride.
+
+        fp16(x) is in x_a already (token t at x_a + t dS) where the residual stream's last
+        writer put it there (VEC.x16: self.xa_ready); else a CVT16 puts it there."""
+        b, T, dS = self.b, self.T, self.dims.dS
+        toks = list(range(T)) if toks is None else toks
+        if self.xa_ready:
+            assert toks == list(range(toks[0], toks[0] + len(toks)))
+            self.xa = b.x_a + toks[0] * dS
+        else:
+            self.xa = b.x_a
+            if toks == list(range(T)):
+                self.vec("CVT16", b.x_a, b.v_x, T * dS)
+            else:
+                for j, t in enumerate(toks):
+                    self.vec("CVT16", b.x_a + j * dS, b.v_x + t * dS, dS)
+        self.xa_ready = False
+        return self.matvec(m, self.xa, dS, dst, dstride, first=partial(self._ln_stats, toks, before),
+                           then=partial(self._ln_finish, toks, dst, dstride, bias, xq, then),
+                           defer_last=defer_last, tokens=len(toks), **kw)
+
+    def _ln_stats(self, toks, before):
+        """The LayerNorm statistics up to the sum of squares (issued before the second chunk)."""
+        b, dS, d = self.b, self.dims.dS, self.sh.d_model
+        if before is not None:
+            before()
+        for t in toks:
+            x, sq = b.v_x + t * dS, b.v_a + t * dS
+            s0 = self.scalar(t, 0)
+            self.vec("REDSUM", s0, x, d)
+            self.vec("MUL", s0, s0, 1, src2=b.v_const, bcast=1)         # 1 / d
+            self.vec("SUB", sq, x, d, src2=s0, bcast=1)
+            self.vec("MUL", sq, sq, d, src2=sq)
+            self.vec("REDSUM", self.scalar(t, 1), sq, d)
+
+    def _ln_finish(self, toks, dst, dstride, bias, xq, then, j, r, n):
+        """The fix-up of a finished chunk (rows r .. r + n of the MATVEC's token j), then
+        ``then``; with the first chunk, r = 1 / sqrt(var + eps) first."""
+        t = toks[j]
+        if r == 0:      # the first chunk: r for this token, after the second chunk's issue
+            s1 = self.scalar(t, 1)
+            self.vec("MUL", s1, s1, 1, src2=self.b.v_const, bcast=1)        # 1 / d
+            self.vec("ADD", s1, s1, 1, src2=self.b.v_const + 1, bcast=1)    # eps
+            self.vec("RSQRT", s1, s1, 1)
+        x16 = None
+        if xq is not None and r + n > xq[0]:
+            k = max(xq[0] - r, 0)
+            x16 = (k, xq[1] + j * xq[2] + r + k - xq[0])
+        self.ln_fixup(t, dst + j * dstride + r, n, bias + r, x16=x16)
+        then(j, r, n)
+
+    # -- the step -------------------------------------------------------------------------------
+    def program(self):
+        """The step's instruction words."""
+        b, sh, rows, dS, d = self.b, self.sh, self.hbm, self.dims.dS, self.sh.d_model
+        # Embeddings and constants.
+        # (the embeddings ahead of any weight tile in the read DMA's order: the first
+        # LayerNorm waits for them)
+        for t, tok in enumerate(self.tokens):
+            if not 0 <= tok < sh.vocab:
+                raise UserError(f"token id {tok} is outside the vocabulary (0..{sh.vocab - 1})")
+            self.e("LOAD", vsp=b.v_x + t * dS, n=d, row=rows.wte_row + tok * rows.tok_rows)
+            self.e("LOAD", vsp=b.v_y + t * dS, n=d, row=rows.wpe_row + (self.pos0 + t) * rows.tok_rows)
+        self.e("LOAD", vsp=b.v_const, n=2, row=rows.const_row, f32=1)
+        if self.T == 1:
+            # One token: the causal mask is the K MATVECs' bias (scores past the position
+            # become -inf as they are summed), built once for every layer and head (the MASK
+            # in layer 0, behind the first MATVEC).
+            self.e("LOAD", vsp=b.v_mask, n=self.dims.nS, row=rows.zero_row, f32=1)
+        # The first tiles stream from here, while the embeddings are added up.
+        self.w_ready = len(self.out)
+        for t in range(self.T):
+            x = b.v_x + t * dS
+            self.vec("ADD", x, x, d, src2=b.v_y + t * dS, xdst=b.x_a + t * dS if self.x16_x else None)
+        self.xa_ready = self.x16_x
+        self.dump(0)
+        for li, lr in enumerate(rows.layers):
+            self.layer(li, lr)
+        self.lm_head()
+        self.e("HALT")
+        return place_wloads(self.out, self.fifo)
+
+    def dump(self, k):
+        """With dump_hidden: the residual stream into hidden-state dump k."""
+        if self.dump_hidden:
+            self.store_f32(self.b.v_x, self.T * self.dims.dS,
+                           self.hbm.hidden_row + k * self.hbm.hidden_stride)
+
+    def layer(self, li, lr):
+        """Decoder layer li (rows ``lr``): LayerNorm and c_attn with the K/V caches' STOREs,
+        attention, attn.c_proj, the MLP; the next layer's parameters."""
+        par = self.b.v_pars[li % 2]
+        st = _Layer(li, lr, par, tuple(par + o for o in self.params.offsets))
+        self.qkv(st)
+        self.attention(st)
+        self.projection([(lr.proj, 0)], self.b.x_att, self.dims.dq, st.biases[1])
+        if self.b.param_areas == 2:
+            # Into the other area, while this layer runs: here, where the weight FIFO is
+            # full with c_fc's tiles and the read DMA would idle through the LayerNorm (a
+            # LOAD fills the VSP at vector_lanes words a cycle; earlier in the layer it
+            # held up the K and V tiles behind it).
+            self.next_params(li)
+        self.mlp(st)
+        if self.b.param_areas == 1:     # over this layer's, after their last use
+            self.next_params(li)
+        self.dump(li + 1)
+
+    def next_params(self, li):
+        """LOAD layer li + 1's parameters (if any) into its area."""
+        if li + 1 < len(self.hbm.layers):
+            self.e("LOAD", vsp=self.b.v_pars[(li + 1) % 2], n=self.params.length,
+                   row=self.hbm.layers[li + 1].params, f32=1)
+
+    def _first_params(self, st):
+        """Layer 0's parameters: c_attn's bias behind the first chunk's tiles (needed when that
+        chunk is done), the rest later (``attention``); the other layers' come in the layer
+        before. In decode, the causal mask too."""
+        self.e("LOAD", vsp=st.par, n=self.params.offsets[1], row=st.rows.params, f32=1)
+        self.w_ready = len(self.out)
+        if self.T == 1:
+            self.vec("MASK", self.b.v_mask, self.b.v_mask, self.dims.nS, k=self.pos0)
+
+    def qkv(self, st):
+        """LayerNorm and c_attn; each finished chunk's K and V rows go to the caches
+        (``store_kv``), q's to XB as fp16 where ``q16``."""
+        dims = self.dims
+        self.ln_matvec(st.rows.qkv, self.b.v_qkv, dims.qS, st.biases[0], partial(self.store_kv, st),
+                       before=partial(self._first_params, st) if st.index == 0 else None,
+                       xq=(dims.q_off, self.b.x_q, dims.dq) if self.q16 else None)
+
+    def store_kv(self, st, t, r, n):
+        """c_attn's chunk work on token t's rows r .. r + n: the token's new K row goes into
+        the cache as soon as c_attn's K rows are final, its V column by the heads whose V rows
+        are (the V STORE is slow: one channel takes a position's values, a beat per tile; the
+        first heads' go out a chunk earlier). The K MATVECs wait for them; their tiles may
+        stream from the next chunk's work on (``_Layer.k_wait``)."""
+        b, dims, kv = self.b, self.dims, self.kv
+        p = self.pos0 + t
+        if st.k_wait is None and self.T - 1 in st.k_stored:
+            st.k_wait = len(self.out)
+        if r + n >= dims.k_off + dims.dq and t not in st.k_stored:
+            self.e("STORE", vsp=b.v_qkv + t * dims.qS + dims.k_off, n=dims.dq, **kv.k_store(st.rows.k, p))
+            st.k_stored.add(t)
+        h0 = st.v_stored.get(t, 0)
+        h1 = min(dims.H, max(0, r + n - dims.v_off) // dims.hvp)
+        if h1 > h0:
+            self.e("STORE", vsp=b.v_qkv + t * dims.qS + dims.v_off + h0 * dims.hvp,
+                   n=(h1 - h0) * dims.hvp, **kv.v_store(st.rows.v, p, h0))
+            st.v_stored[t] = h1
+
+    def attention(self, st):
+        """Attention, heads side by side so that the units overlap: the matrix unit runs the
+        q.K^T of every head back to back while the vector unit takes each head's scores as
+        they come; exp and the fp16 conversions run once over all heads.
+
+        Layouts: q16 [t][h][hdp], scores and probabilities [t][h][sK], sK the rows the K
+        MATVECs write at this position (whole groups; not the context's nS: EXP and CVT16
+        pass over what is live, rows past the position masked)."""
+        b, dims, kv, T, L, W = self.b, self.dims, self.kv, self.T, self.L, self.W
+        H, hdp, hvp, dq, aS = dims.H, dims.hdp, dims.hvp, dims.dq, dims.aS
+        positions = self.pos0 + T
+        rbk, cbv = kv.k_row_blocks(positions), kv.v_col_blocks(positions)
+        vgrp = min(kv.rbv, ACC_DEPTH // T)         # V tiles in stream order: groups, then columns
+        sK = round_up(rbk * L, W)
+        HN = H * sK
+        if not self.q16:
+            for t in range(T):
+                self.vec("CVT16", b.x_q + t * dq, b.v_qkv + t * dims.qS + dims.q_off, dq)
+        self.kv_ready = st.k_wait if st.k_wait is not None else len(self.out)
+        for h in range(H):
+            self.matvec((0, rbk, kv.cbk), b.x_q + h * hdp, dq, b.v_sc + h * sK, HN,
+                        kv=kv.k_runs(st.rows.k, h, positions), bias=b.v_mask if T == 1 else None)
+        if st.index == 0:
+            o = self.params.offsets[1]
+            self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
+                   f32=1)
+        ns = cbv * W
+        v_ready = []
+        for h in range(H):
+            for t in range(T):
+                s = b.v_sc + t * HN + h * sK
+                m = self.scalar(t, 4 + h)
+                if T > 1:
+                    self.vec("MASK", s, s, ns, k=self.pos0 + t)
+                self.vec("REDMAX", m, s, ns)
+                self.vec("SUB", s, s, ns, src2=m, bcast=1)
+            # Head h's V tiles stream from here: the V STOREs are done by now (earlier, in-order
+            # issue would hold the K MATVECs behind WLOADs waiting for them), and spread over
+            # the heads, their WLOADs do not fill the read DMA's queue of four at once.
+            v_ready.append(len(self.out))
+        # The probabilities' normalization is deferred past p.V: the V MATVECs take the
+        # unnormalized exp(s - max) (in (0, 1], as fp16) and give each head's sum of them
+        # beside its output (the V rows of ones); one RECIP over the output from the first
+        # sum to the last takes the sums' reciprocals (the others go unused), and each head's
+        # output is scaled by its (the MUL writing c_proj's fp16 input).
+        self.vec("EXP", b.v_sc, b.v_sc, T * HN, xdst=b.x_p)
+        for h in range(H):
+            self.kv_ready = v_ready[h]
+            self.matvec((0, kv.rbv, cbv), b.x_p + h * sK, HN, b.v_att + h * hvp, aS, group=vgrp,
+                        kv=kv.v_runs(st.rows.v, h, positions, vgrp), tt=1)
+        self.vec("RECIP", b.v_zinv + hdp, b.v_att + hdp, (T - 1) * aS + (H - 1) * hvp + 1)
+        for h in range(H):
+            for t in range(T):
+                a = b.v_att + t * aS + h * hvp
+                self.vec("MUL", a, a, hdp, src2=b.v_zinv + t * aS + h * hvp + hdp, bcast=1,
+                         xdst=b.x_att + t * dq + h * hdp)
+
+    def mlp(self, st):
+        """LayerNorm, c_fc with GELU, mlp.c_proj. mlp.c_proj in two parts by columns where the
+        image stores it so (schedule.mlp_proj_split): the first, over the columns of all but
+        c_fc's last chunk, runs while the vector unit takes that chunk's GELU."""
+        fc, fS = st.rows.fc, self.dims.fS
+        gelu = partial(self._fc_gelu, fc.rb * self.L, chunk_blocks(fc.cb, self.fifo) * self.L)
+        tail = self.ln_matvec(fc, self.b.v_h, fS, st.biases[2], gelu, defer_last=True)
+        fc_tail = partial(self._fc_tail, tail, fc.rb * self.L)
+        if len(st.rows.fc2) == 2:     # after the first part's first MATVEC: it does not read them
+            self.projection(st.rows.fc2, self.b.x_h, fS, st.biases[3], first=fc_tail)
+        else:                         # (in-order issue: a later writer would not hold it back)
+            fc_tail()
+            self.projection(st.rows.fc2, self.b.x_h, fS, st.biases[3])
+
+    def gelu(self, t, r, n):
+        """GELU and the fp16 copy for the next MATVEC."""
+        h = self.b.v_h + t * self.dims.fS + r
+        self.vec("GELU", h, h, n, xdst=self.b.x_h + t * self.dims.fS + r)
+
+    def _fc_gelu(self, fc_rows, crow, t, r, n):
+        """c_fc's chunk work: GELU over two chunks at once (its pipeline is long: 141 cycles a
+        pass), but the last chunk and one before it alone, so that mlp.c_proj's first part
+        does not wait for the last chunk."""
+        if r + n >= fc_rows or r + n + crow >= fc_rows:
+            self.gelu(t, r, n)
+        elif (r // crow) % 2:
+            self.gelu(t, r - crow, n + crow)
+
+    def _fc_tail(self, tail, fc_rows):
+        """c_fc's last chunk's GELU, and GELU over x_h's columns past the matrix's last row
+        block."""
+        tail()
+        fS = self.dims.fS
+        if fc_rows < fS:
+            for t in range(self.T):
+                self.gelu(t, fc_rows, fS - fc_rows)
+
+    def residual(self, t, r, n, y=None, to_xa=False):
+        """x += y on the rows a MATVEC job finished (and fp16(x) into x_a with ``to_xa``)."""
+        b, dS = self.b, self.dims.dS
+        y = b.v_y if y is None else y
+        self.vec("ADD", b.v_x + t * dS + r, b.v_x + t * dS + r, n, src2=y + t * dS + r,
+                 xdst=b.x_a + t * dS + r if to_xa else None)
+
+    def projection(self, parts, xb, xstride, bias, first=None):
+        """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
+        the residual follows each finished chunk; on several, every card holds a partial sum
+        in v_y: add them up over the ring, then the bias once, then the residual. In decode
+        the bias and the residual ride in the partial sums: card 0's MATVEC starts from x
+        (its bias operand), card 1's from the bias, and the all-reduce writes the new x.
+        ``parts``: (matrix, first input column) parts by columns, the first into v_y, a
+        second into v_yb, added up; ``first()`` is emitted after the first MATVEC."""
+        b, T, dS, d = self.b, self.T, self.dims.dS, self.sh.d_model
+        assert len(parts) <= 2
+        bufs = [b.v_y, b.v_yb]
+        one = self.cards == 1
+        fold = not one and T == 1             # (a MATVEC's bias is one vector for all tokens)
+        if one:
+            first_bias = bias
+        else:
+            first_bias = {0: b.v_x, 1: bias}.get(self.card) if fold else None
+        x16 = self.x16_x
+        for k, (mk, c0) in enumerate(parts):
+            last = k == len(parts) - 1          # (its residuals write fp16(x) too)
+            self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=first_bias if k == 0 else None,
+                        then=partial(self.residual, y=bufs[k], to_xa=x16 and last) if one else None,
+                        first=first if k == 0 else None, short_tail=one and last)
+        self.xa_ready = x16 and not fold    # (a COLL writes x itself: ln_matvec converts it)
+        if one:
+            return
+        if len(parts) == 2:
+            self.vec("ADD", b.v_y, b.v_y, T * dS, src2=b.v_yb)
+        if fold and b.v_g is not None:
+            # all-gather, then x = ((p0 + p1) + p2) + ... in card order, alike on every card;
+            # the last addition writes fp16(x) for the next MATVEC.
+            self.e("COLL", cop=0, src=b.v_y, dst=b.v_g, n=dS)
+            for j in range(1, self.cards):
+                self.vec("ADD", b.v_x, b.v_g if j == 1 else b.v_x, dS, src2=b.v_g + j * b.g_blk,
+                         xdst=b.x_a if x16 and j == self.cards - 1 else None)
+            self.xa_ready = x16
+            return
+        if fold:
+            self.e("COLL", cop=2, src=b.v_y, dst=b.v_x, n=T * dS)
+            return
+        self.e("COLL", cop=2, src=b.v_y, dst=b.v_y, n=T * dS)
+        for t in range(T):
+            y = b.v_y + t * dS
+            self.vec("ADD", y, y, d, src2=bias)
+        self.vec("ADD", b.v_x, b.v_x, T * dS, src2=b.v_y, xdst=b.x_a if x16 else None)
+
+    def lm_head(self):
+        """Final LayerNorm and the LM head (the token embedding, tied), the LayerNorm folded
+        into the head's own copy of the embedding and its bias loaded by chunks beside the
+        logits. With all_logits every token's logits, in one buffer; else (generation) the
+        last token's, by chunks of the Placement's two buffers: one chunk's logits are
+        STOREd while the next computes."""
+        b, T, L, rows, dims = self.b, self.T, self.L, self.hbm, self.dims
+        head = rows.head
+        if self.all_logits:
+            self.e("LOAD", vsp=b.v_hbias, n=dims.vS, row=rows.head_bias_row, f32=1)
+            self.ln_matvec(head, b.v_logits, dims.vS, b.v_hbias, lambda j, r, n: None)
+            self.store_f32(b.v_logits, T * dims.vS, rows.logits_row)
+            return
+        per, per_row = b.chunk // L, self.S // 4            # LM head row blocks per buffer
+        chunks = [(r0, min(per, head.rb - r0)) for r0 in range(0, head.rb, per)]
+        for k, (r0, n) in enumerate(chunks):
+            hb = b.v_hbias[k % 2]
+            out = _LogitsBuffer(b.v_logits[k % 2], r0 * L, n * L)
+            self.e("LOAD", vsp=hb, n=n * L, row=rows.head_bias_row + r0 * L // per_row, f32=1)
+            m = (head.row + r0 * head.cb, n, head.cb)
+            tail = k == len(chunks) - 1         # (what the last job's work costs shows)
+            if k == 0:
+                self.ln_matvec(m, out.buf, 0, hb, partial(self._store_logits, out), toks=[T - 1],
+                               short_tail=tail)
+            else:      # (the statistics are done: the fix-up alone)
+                self.matvec(m, self.xa, 0, out.buf, 0, tokens=1,
+                            then=partial(self._fix_store_logits, out, hb), short_tail=tail)
+
+    def _store_logits(self, out, j, r, rows):
+        """Each MATVEC chunk's logits go out while the next chunk computes, in whole stripe
+        rows (the buffer's rest at its end)."""
+        per_row = self.S // 4
+        end = r + rows if r + rows == out.rows else (r + rows) // per_row * per_row
+        if end > out.done:
+            self.store_f32(out.buf + out.done, end - out.done,
+                           self.hbm.logits_row + (out.first + out.done) // per_row)
+            out.done = end
+
+    def _fix_store_logits(self, out, hb, j, r, rows):
+        self.ln_fixup(self.T - 1, out.buf + r, rows, hb + r)
+        self._store_logits(out, j, r, rows)

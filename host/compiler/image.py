@@ -1,0 +1,190 @@
+"""A card's HBM: what goes in which stripe rows, and the bytes of what the host writes there.
+
+Owns
+----
+- ``HbmImage``: stripe rows allocated in order, with the bytes of the parts that have values;
+- ``build_image``: the allocation of everything a card keeps in HBM, in this order: the
+  LayerNorm constants, a row of zeros (decode's mask), the token and position embeddings
+  (fp16, one token a whole number of stripe rows), per layer its matrices (c_attn,
+  attn.c_proj, c_fc, mlp.c_proj by column parts, each in stream order: ``layout``) and its
+  parameter vector (``ParamLayout``), the LM head and its bias, the K/V caches
+  (``KvLayout``, one contiguous region, zeroed when a model is loaded), the logits, the
+  hidden-state dumps; the program goes after them. The result is an ``HbmLayout``.
+
+A shapes-only compile (no weights) allocates the same rows and writes no bytes.
+"""
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import UserError
+from ..stripes import write_stripes
+from . import weights as wts
+from .layout import GROUP, round_up, tiles_in_stream_order
+from .schedule import mlp_proj_split
+
+__all__ = ["HbmImage", "Matrix", "LayerRows", "HbmLayout", "build_image"]
+
+
+class HbmImage:
+    """A card's HBM contents, allocated by stripe rows (``cfg.stripe_bytes`` bytes each).
+
+    Attributes
+    ----------
+    next_row : int
+        The first row not allocated.
+    parts : list of (int, numpy.ndarray)
+        (first row, bytes) of every allocation made with data.
+    """
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.S = cfg.stripe_bytes
+        self.next_row = 0
+        self.parts = []          # (row, bytes)
+
+    def alloc(self, nbytes, data=None):
+        """(first row, rows) of ``nbytes`` bytes (at least one row), holding ``data`` if given."""
+        row = self.next_row
+        rows = max(1, -(-nbytes // self.S))
+        self.next_row += rows
+        if data is not None:
+            self.parts.append((row, np.frombuffer(np.ascontiguousarray(data).tobytes(), np.uint8)))
+        return row, rows
+
+    def write(self, dev):
+        """Write every part into a Device's HBM."""
+        for row, data in self.parts:
+            write_stripes(dev, self.cfg, row, data)
+
+
+class Matrix(NamedTuple):
+    """A weight matrix in HBM: its first tile's row, rb row blocks by cb column blocks."""
+
+    row: int
+    rb: int
+    cb: int
+
+
+@dataclass(frozen=True)
+class LayerRows:
+    """A layer's rows in HBM: its parameter vector, matrices, and K and V caches' first rows.
+    ``fc2``: mlp.c_proj as (matrix, first input column) parts."""
+
+    params: int
+    qkv: Matrix
+    proj: Matrix
+    fc: Matrix
+    fc2: tuple
+    k: int
+    v: int
+
+
+@dataclass(frozen=True)
+class HbmLayout:
+    """Where everything is in a card's HBM (stripe rows, but ``prog_addr``: a byte address).
+
+    Attributes
+    ----------
+    const_row, zero_row : int
+        1 / d and eps (fp32); nS fp32 zeros.
+    wte_row, wpe_row, tok_rows : int
+        The embeddings, token (position) i at row ``wte_row + i tok_rows``.
+    layers : tuple of LayerRows
+    head : Matrix
+    head_bias_row : int
+    kv_rows : (int, int)
+        The K/V caches' rows [lo, hi).
+    logits_row : int
+        The logits (fp32, vS words a token).
+    hidden_row, hidden_stride : int
+        The residual stream after the embeddings and after each layer (dump_hidden), dump k
+        at ``hidden_row + k hidden_stride``, T dS fp32 words each.
+    prog_addr : int
+        Channel 0's byte address of the program.
+    """
+
+    const_row: int
+    zero_row: int
+    wte_row: int
+    wpe_row: int
+    tok_rows: int
+    layers: tuple
+    head: Matrix
+    head_bias_row: int
+    kv_rows: tuple
+    logits_row: int
+    hidden_row: int
+    hidden_stride: int
+    prog_addr: int
+
+
+def _matrix(img, L, W, rows, cols, mat):
+    """Allocate a [rows, cols] weight matrix in stream order holding ``mat`` (None: its rows
+    only)."""
+    rb, cb = -(-rows // L), -(-cols // W)
+    if mat is None:
+        row, _ = img.alloc(rb * cb * L * W * 2)
+        return Matrix(row, rb, cb)
+    assert mat.shape == (rows, cols), (mat.shape, rows, cols)
+    tiles, rb, cb = tiles_in_stream_order(mat.astype(np.float16), L, W, GROUP)
+    row, _ = img.alloc(tiles.nbytes, tiles)
+    return Matrix(row, rb, cb)
+
+
+def _layer(img, cfg, shape, w, i, part, dims, params):
+    """Layer i's matrices and parameter vector: (params row, qkv, proj, fc, fc2 parts)."""
+    L, W, d, F = cfg.core.lanes, cfg.core.width, shape.d_model, part.mine.F
+    some = w is not None
+    wqkv, bqkv = wts.c_attn(w, i, shape, part, dims) if some else (None, None)
+    qkv = _matrix(img, L, W, 2 * dims.dq + dims.dv, d, wqkv)
+    proj = _matrix(img, L, W, d, dims.dq, wts.attn_proj(w, i, shape, part, dims) if some else None)
+    wfc, bfc = wts.c_fc(w, i, part) if some else (None, None)
+    fc = _matrix(img, L, W, F, d, wfc)
+    fa = mlp_proj_split(F, d, L, W, cfg.core.weight_fifo_tiles)
+    fc2 = tuple((_matrix(img, L, W, d, c1 - c0, wts.mlp_proj(w, i, part, c0, c1) if some else None), c0)
+                for c0, c1 in ((0, fa), (fa, F)) if c1 > c0)
+    vec = params.pack(wts.layer_params(w, i, bqkv, bfc)) if some else None
+    prow, _ = img.alloc(params.length * 4, vec)
+    return prow, qkv, proj, fc, fc2
+
+
+def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits):
+    """(HbmImage, HbmLayout) of a card's share ``part`` (dims ``dims``, caches ``kv``,
+    parameter vectors ``params``) of a model of shape ``shape`` with weights ``w`` (None: a
+    shapes-only compile, rows without bytes), for steps of up to ``T`` tokens. Raises
+    UserError where it does not fit in the build's HBM."""
+    img, S, d = HbmImage(cfg), cfg.stripe_bytes, shape.d_model
+    L, W = cfg.core.lanes, cfg.core.width
+    const_row, _ = img.alloc(S, np.array([1.0 / d, shape.eps], np.float32))
+    zero_row, _ = img.alloc(round_up(dims.nS * 4, S), np.zeros(dims.nS, np.float32))
+    tok_rows = max(1, -(-2 * d // S))
+    emb = {}
+    for name, count in (("wte", shape.vocab), ("wpe", shape.n_positions)):
+        table = None
+        if w is not None:
+            table = np.zeros((count, tok_rows * S // 2), np.float16)
+            table[:, :d] = w[f"{name}.weight"]
+        emb[name], _ = img.alloc(count * tok_rows * S, table)
+    layers = [_layer(img, cfg, shape, w, i, part, dims, params) for i in range(shape.n_layer)]
+    wh, hbias = wts.lm_head(w, part, dims) if w is not None else (None, None)
+    head = _matrix(img, L, W, part.mine.V, d, wh)
+    head_bias_row, _ = img.alloc(dims.vS * 4, hbias)
+    kv0 = img.next_row
+    caches = [(img.alloc(kv.k_rows * S)[0], img.alloc(kv.v_rows * S)[0]) for _ in layers]
+    kv_rows = (kv0, img.next_row)
+    logits_row, _ = img.alloc((T if all_logits else 1) * dims.vS * 4)
+    hidden_stride = -(-T * dims.dS * 4 // S)
+    hidden_row, _ = img.alloc((shape.n_layer + 1) * hidden_stride * S)
+    if img.next_row + 4 > cfg.channel_rows:
+        raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the build has "
+                        f"{cfg.channel_rows}")
+    return img, HbmLayout(
+        const_row=const_row, zero_row=zero_row, wte_row=emb["wte"], wpe_row=emb["wpe"], tok_rows=tok_rows,
+        layers=tuple(LayerRows(prow, qkv, proj, fc, fc2, k, v)
+                     for (prow, qkv, proj, fc, fc2), (k, v) in zip(layers, caches, strict=True)),
+        head=head, head_bias_row=head_bias_row, kv_rows=kv_rows, logits_row=logits_row,
+        hidden_row=hidden_row, hidden_stride=hidden_stride,
+        prog_addr=(img.next_row + 4) * cfg.hbm_beat_bytes)

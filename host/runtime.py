@@ -8,6 +8,7 @@ logits.
 """
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +16,14 @@ from pathlib import Path
 import numpy as np
 
 from .errors import UserError
+from .progress import quiet
 
-__all__ = ["Sampling", "GenStats", "generate", "check_request", "make_device", "make_cards", "Cards",
-           "eos_id", "DEMO_MODEL"]
+__all__ = ["Sampling", "GenStats", "Generation", "generate", "check_request", "check_backend",
+           "check_timeout", "make_device", "make_cards", "Cards", "eos_id", "DEMO_MODEL", "BACKENDS"]
 
 DEMO_MODEL = Path(__file__).resolve().parent / "demo"
+BACKENDS = ("iss", "rtl", "xrt")
+MAX_TIMEOUT_S = 7 * 24 * 3600         # a step of GPT-2 1.5B on the Verilated card takes minutes
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,17 @@ class Sampling:
     seed: int = 0
 
     def check(self, vocab):
-        if self.temperature < 0:
-            raise UserError(f"--temperature: got {self.temperature}; allowed: 0 (greedy) or more")
-        if not 0 <= self.top_k <= vocab:
-            raise UserError(f"--top-k: got {self.top_k}; allowed: 0 (all) .. {vocab} (the vocabulary)")
+        """One-line errors for values the sampler cannot use (named by their CLI flags)."""
+        t, k, seed = self.temperature, self.top_k, self.seed
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+            raise UserError(f"--temperature: got {t!r}; allowed: 0 (greedy) or a finite number above 0")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= vocab:
+            raise UserError(f"--top-k: got {k!r}; allowed: 0 (all) .. {vocab} (the vocabulary)")
+        if k and not t:
+            raise UserError(f"--top-k: got {k} with greedy decoding; allowed: with --temperature "
+                            f"above 0 (greedy decoding takes the most likely token)")
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+            raise UserError(f"--seed: got {seed!r}; allowed: an integer in 0..2**64-1")
 
 
 @dataclass
@@ -44,65 +55,111 @@ class GenStats:
     wall_prefill: float = 0.0
     wall_decode: float = 0.0
     cards: int = 1                                          # counters are summed over the cards
+    cycles_measured: bool = True                            # False on the ISS: it counts no cycles
 
     def summary(self, cfg):
+        """The figures of a run. Cycle figures (and the milliseconds and HBM utilization derived
+        from them) come from the cards' cycle counters; they are None where nothing counted
+        them (the ISS counts bytes, not cycles) or nothing ran (no decode step after a
+        one-token generation)."""
         peak = cfg.hbm_bytes_per_cycle * self.cards         # every card's HBM
         pre = sum(c["cycles"] for c in self.prefill_steps)
         dec = [c["cycles"] for c in self.decode_steps]
         dec_bytes = [c["hbm_rd_bytes"] + c["hbm_wr_bytes"] for c in self.decode_steps]
         link = [c["link_tx_bytes"] for c in self.decode_steps]
-        n = max(1, len(dec))
-        cyc = sum(dec) / n
-        out = {
+        n = len(dec)
+        clock = cfg.clock_mhz * 1e3                          # cycles per ms
+        cyc = sum(dec) / n if n else None
+        measured = self.cycles_measured
+        pre_tok = pre / self.prompt_tokens if self.prompt_tokens else None
+        return {
             "cards": self.cards,
             "prompt_tokens": self.prompt_tokens,
-            "prefill_cycles": int(pre),
-            "prefill_cycles_per_token": round(pre / max(1, self.prompt_tokens), 1),
-            "decode_tokens": len(dec),
-            "decode_cycles_per_token": round(cyc, 1),
-            "hbm_bytes_per_token": round(sum(dec_bytes) / n, 1),
-            "link_bytes_per_token": round(sum(link) / n, 1),
+            "prefill_cycles": int(pre) if measured else None,
+            "prefill_cycles_per_token": round(pre_tok, 1) if measured and pre_tok is not None else None,
+            "decode_tokens": n,
+            "decode_cycles_per_token": round(cyc, 1) if measured and n else None,
+            "hbm_bytes_per_token": round(sum(dec_bytes) / n, 1) if n else None,
+            "link_bytes_per_token": round(sum(link) / n, 1) if n else None,
             "clock_mhz": cfg.clock_mhz,
-            "decode_ms_per_token_at_clock": round(cyc / (cfg.clock_mhz * 1e3), 4) if dec else None,
-            "prefill_ms_per_token_at_clock": (round(pre / self.prompt_tokens / (cfg.clock_mhz * 1e3), 4)
-                                              if pre else None),
-            "hbm_utilization_decode": (round(sum(dec_bytes) / (sum(dec) * peak), 4) if sum(dec) else None),
+            "decode_ms_per_token_at_clock": round(cyc / clock, 4) if measured and n else None,
+            "prefill_ms_per_token_at_clock": (round(pre_tok / clock, 4) if measured and pre_tok
+                                              else None),
+            "hbm_utilization_decode": (round(sum(dec_bytes) / (sum(dec) * peak), 4)
+                                       if measured and sum(dec) else None),
             "wall_seconds_prefill": round(self.wall_prefill, 3),
-            "wall_seconds_per_decode_token": round(self.wall_decode / n, 3),
+            "wall_seconds_per_decode_token": round(self.wall_decode / n, 3) if n else None,
         }
-        return out
 
 
-def make_device(cfg, backend, *, xclbin=None):
+def check_timeout(timeout_s, flag="--timeout"):
+    """A step's wall-clock timeout: a finite number of seconds above 0 (the host never waits
+    forever)."""
+    t = timeout_s
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) \
+            or not 0 < t <= MAX_TIMEOUT_S:
+        raise UserError(f"{flag}: got {t!r}; allowed: seconds above 0, at most {MAX_TIMEOUT_S} "
+                        f"(a week)")
+    return float(t)
+
+
+def check_backend(cfg, backend, cards, *, xclbin=None):
+    """One-line errors, before any work, for a backend, card count and xclbin that cannot go
+    together: --xclbin only with xrt (and there required, an existing file, pyxrt importable,
+    one card); several Verilated cards only where the config's card kernel has ring links."""
+    if backend not in BACKENDS:
+        raise UserError(f"--backend: got {backend!r}; allowed: {', '.join(BACKENDS)}")
+    if isinstance(cards, bool) or not isinstance(cards, int) or not 1 <= cards <= 16:
+        raise UserError(f"--cards: got {cards!r}; allowed: 1..16")
+    if backend != "xrt" and xclbin is not None:
+        raise UserError(f"--xclbin: given with --backend {backend}; allowed: only with --backend xrt "
+                        f"(the {backend} backend loads no xclbin)")
+    if backend == "xrt":
+        from .xrt import check_xrt
+        check_xrt(xclbin)
+        if cards != 1:
+            raise UserError(f"--cards: {cards} cards on --backend xrt: not yet (the XRT path drives "
+                            f"one card); allowed: 1, or several cards on --backend iss and rtl")
+    if backend == "rtl" and cards > 1 and not cfg.ring_links:
+        raise UserError(f"--cards: {cards} cards on --backend rtl with config {cfg.name!r}: its card "
+                        f"kernel has no ring links (cards: 1 in the config); allowed: 1, or a "
+                        f"config with cards >= 2")
+
+
+def make_device(cfg, backend, *, xclbin=None, lib=None):
     if backend == "iss":
         from sim.ref.iss import IssDevice
         return IssDevice(cfg)
     if backend == "rtl":
         from sim.system import RtlDevice
-        return RtlDevice(cfg)
+        return RtlDevice(cfg, lib=lib)
     if backend == "xrt":
         from .xrt import XrtDevice
         return XrtDevice(cfg, xclbin=xclbin)
-    raise UserError(f"--backend: got {backend!r}; allowed: iss, rtl, xrt")
+    raise UserError(f"--backend: got {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
 def eos_id(model_dir):
+    """The end-of-text id of a model directory's config.json (the first, if it lists several),
+    or None. Prefer ``Gpt2.eos_ids`` of the loaded checkpoint: it is checked."""
     try:
         c = json.loads((Path(model_dir) / "config.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
     v = c.get("eos_token_id")
-    return int(v) if isinstance(v, int) else None
+    v = v[0] if isinstance(v, list) and v else v
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 class Cards:
     """A model compiled for N cards (one CompiledModel per card) on their devices: one card
     alone, or a ring (``ring``: the ISS's IssRing or the Verilated RtlAppliance) whose COLLs
-    join them."""
+    join them. ``cycles_measured``: whether the devices count cycles (the ISS does not)."""
 
-    def __init__(self, cms, devices, ring=None):
+    def __init__(self, cms, devices, ring=None, *, cycles_measured=True):
         self.cms, self.devices, self.ring = list(cms), list(devices), ring
         self.T = self.cms[0].T
+        self.cycles_measured = cycles_measured
 
     def load(self):
         for cm, dev in zip(self.cms, self.devices, strict=True):
@@ -138,26 +195,42 @@ class Cards:
                                                                             strict=True)])
 
 
-def make_cards(cfg, model, backend, cards, *, xclbin=None):
-    """Compile ``model`` for ``cards`` cards and put it on the backend's devices."""
+def compile_model(cfg, model, cards, *, flag="--model"):
+    """One CompiledModel per card. A matrix that leaves float16's range only once the
+    LayerNorm gains are folded into it is a one-line error, not a numpy warning."""
     from .compiler import CompiledModel
-    cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
-    if cards == 1:
-        return Cards(cms, [make_device(cfg, backend, xclbin=xclbin)])
+    try:
+        with np.errstate(over="raise"):
+            return [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
+    except FloatingPointError:
+        raise UserError(f"{flag}: a weight matrix leaves float16's range (|value| > 65504) once the "
+                        f"LayerNorm gains before it are folded into it; allowed: weights whose "
+                        f"products with those gains stay within float16 (the card holds float16)") \
+            from None
+
+
+def make_cards(cfg, model, backend, cards, *, xclbin=None, progress=None):
+    """Compile ``model`` for ``cards`` cards and put it on the backend's devices."""
+    check_backend(cfg, backend, cards, xclbin=xclbin)
+    progress = progress or quiet()
+    progress.note(f"compiling for {cards} card{'s' if cards > 1 else ''}")
+    cms = compile_model(cfg, model, cards)
+    measured = backend != "iss"
+    lib = None
     if backend == "rtl":
-        if not cfg.ring_links:
-            raise UserError(f"--cards: {cards} cards on --backend rtl with config {cfg.name!r}: its card "
-                            f"kernel has no ring links (cards: 1 in the config); allowed: 1, or a "
-                            f"config with cards >= 2")
+        from sim.system import build_card
+        progress.note("building the Verilated card (cached after the first build)")
+        lib, _, _ = build_card(cfg)
+    progress.note(f"starting the {backend} device{'s' if cards > 1 else ''}")
+    if cards == 1:
+        return Cards(cms, [make_device(cfg, backend, xclbin=xclbin, lib=lib)], cycles_measured=measured)
+    if backend == "rtl":
         from sim.system import RtlAppliance
-        ring = RtlAppliance(cfg, cards)
-        return Cards(cms, ring.devices, ring)
-    if backend != "iss":
-        raise UserError(f"--cards: {cards} cards on --backend {backend}: not yet (the XRT path drives "
-                        f"one card); several cards run on --backend iss and rtl")
+        ring = RtlAppliance(cfg, cards, lib=lib)
+        return Cards(cms, ring.devices, ring, cycles_measured=measured)
     from sim.ref.ring import IssRing
     ring = IssRing(cfg, cards)
-    return Cards(cms, ring.devices, ring)
+    return Cards(cms, ring.devices, ring, cycles_measured=measured)
 
 
 def pick(logits, sampling, rng):
@@ -172,57 +245,113 @@ def pick(logits, sampling, rng):
     return int(rng.choice(len(p), p=p))
 
 
+def _eos_set(eos):
+    if eos is None:
+        return frozenset()
+    if isinstance(eos, int | np.integer):
+        return frozenset([int(eos)])
+    return frozenset(int(e) for e in eos)
+
+
+class Generation:
+    """One generation, token by token: iterate to run it (each item a token id, yielded as
+    soon as it is chosen); afterwards ``tokens``, ``logits`` (with ``keep_logits``) and
+    ``stats`` hold the result. The request is checked when the object is made, before any
+    work. ``progress`` (host.progress.Progress) is told each step."""
+
+    def __init__(self, cfg, cards, prompt_ids, max_new_tokens, *, sampling=Sampling(), eos=None,
+                 timeout_s=600.0, keep_logits=False, progress=None, prompt_flag="--prompt-ids"):
+        check_request(cards.cms[0].sh, prompt_ids, max_new_tokens, prompt_flag=prompt_flag)
+        sampling.check(cards.cms[0].sh.vocab)
+        self.cfg, self.cards = cfg, cards
+        self.prompt_ids, self.max_new_tokens = list(prompt_ids), max_new_tokens
+        self.sampling, self.eos = sampling, _eos_set(eos)
+        self.timeout_s = check_timeout(timeout_s)
+        self.keep_logits = keep_logits
+        self.progress = progress or quiet()
+        self.tokens, self.logits, self.finished = [], None, False
+        self.stats = GenStats(prompt_tokens=len(prompt_ids), cards=len(cards.cms),
+                              cycles_measured=cards.cycles_measured)
+        self._started = False
+
+    def __iter__(self):
+        if self._started:
+            raise RuntimeError("a Generation runs once")
+        self._started = True
+        return self._run()
+
+    def _run(self):
+        cards, stats, ids, pr = self.cards, self.stats, self.prompt_ids, self.progress
+        rng = np.random.default_rng(self.sampling.seed)
+        pr.note("loading the HBM images")
+        cards.load()
+        t0 = time.monotonic()
+        for p in range(0, len(ids), cards.T):
+            pr.note(f"prefill, positions {p}..{min(p + cards.T, len(ids)) - 1} of {len(ids)}")
+            stats.prefill_steps.append(cards.step(ids[p:p + cards.T], p, self.timeout_s))
+            pr.advance()
+        stats.wall_prefill = time.monotonic() - t0
+        logits = cards.logits()
+        all_logits = []
+        pos = len(ids)
+        t0 = time.monotonic()
+        while True:
+            if self.keep_logits:
+                all_logits.append(np.array(logits, np.float32))
+            tok = pick(logits, self.sampling, rng)
+            self.tokens.append(tok)
+            pr.advance(detail=f"decode, {len(self.tokens)} of {self.max_new_tokens} tokens")
+            yield tok
+            if len(self.tokens) >= self.max_new_tokens or tok in self.eos:
+                break
+            stats.decode_steps.append(cards.step([tok], pos, self.timeout_s))
+            logits = cards.logits()
+            pos += 1
+        stats.wall_decode = time.monotonic() - t0
+        self.logits = np.stack(all_logits) if self.keep_logits else None
+        self.finished = True
+
+    def steps(self):
+        """Steps the generation takes at most: prefill steps and new tokens (for a progress
+        display)."""
+        return -(-len(self.prompt_ids) // self.cards.T) + self.max_new_tokens
+
+
 def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), eos=None,
-             timeout_s=600.0, on_token=None, keep_logits=False):
+             timeout_s=600.0, on_token=None, keep_logits=False, progress=None):
     """Generate up to ``max_new_tokens`` after ``prompt_ids``; returns (ids, logits, stats).
 
     ``cm`` and ``dev``: one CompiledModel and its device, or ``cm`` a Cards (``dev`` None).
-    ``on_token(id)`` is called as each token is chosen. Stops early at ``eos``.
+    ``on_token(id)`` is called as each token is chosen. Stops early at ``eos`` (an id or a
+    collection of ids).
     """
     cards = cm if isinstance(cm, Cards) else Cards([cm], [dev])
-    check_request(cards.cms[0].sh, prompt_ids, max_new_tokens)
-    rng = np.random.default_rng(sampling.seed)
-    stats = GenStats(prompt_tokens=len(prompt_ids), cards=len(cards.cms))
-    cards.load()
-    t0 = time.monotonic()
-    for p in range(0, len(prompt_ids), cards.T):
-        stats.prefill_steps.append(cards.step(prompt_ids[p:p + cards.T], p, timeout_s))
-    stats.wall_prefill = time.monotonic() - t0
-    logits = cards.logits()
-    out, all_logits = [], []
-    pos = len(prompt_ids)
-    t0 = time.monotonic()
-    while True:
-        if keep_logits:
-            all_logits.append(np.array(logits, np.float32))
-        tok = pick(logits, sampling, rng)
-        out.append(tok)
+    g = Generation(cfg, cards, prompt_ids, max_new_tokens, sampling=sampling, eos=eos,
+                   timeout_s=timeout_s, keep_logits=keep_logits, progress=progress)
+    for tok in g:
         if on_token:
             on_token(tok)
-        if len(out) >= max_new_tokens or (eos is not None and tok == eos):
-            break
-        stats.decode_steps.append(cards.step([tok], pos, timeout_s))
-        logits = cards.logits()
-        pos += 1
-    stats.wall_decode = time.monotonic() - t0
-    return out, (np.stack(all_logits) if keep_logits else None), stats
+    return g.tokens, g.logits, g.stats
 
 
-def check_request(sh, prompt_ids, max_new_tokens):
-    """One-line errors for a prompt and a token budget the model cannot take."""
-    if max_new_tokens < 1:
-        raise UserError(f"--max-new-tokens: got {max_new_tokens}; allowed: at least 1")
+def check_request(sh, prompt_ids, max_new_tokens, *, prompt_flag="--prompt-ids"):
+    """One-line errors for a prompt and a token budget the model cannot take. ``prompt_flag``
+    names where the prompt came from (--prompt as text, --prompt-ids as ids)."""
+    n = max_new_tokens
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UserError(f"--new-tokens: got {n!r}; allowed: at least 1")
     if not prompt_ids:
-        raise UserError("--prompt: empty; give at least one token")
-    bad = [t for t in prompt_ids if not 0 <= t < sh.vocab]
+        raise UserError(f"{prompt_flag}: empty; allowed: at least one token")
+    bad = [t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, int | np.integer)
+           or not 0 <= t < sh.vocab]
     if bad:
-        raise UserError(f"--prompt-ids: {bad[0]} is outside the vocabulary (0..{sh.vocab - 1})")
-    total = len(prompt_ids) + max_new_tokens - 1
+        raise UserError(f"{prompt_flag}: {bad[0]!r} is outside the vocabulary; allowed: ids in "
+                        f"0..{sh.vocab - 1}")
+    total = len(prompt_ids) + n - 1
     if len(prompt_ids) > sh.n_positions:
-        raise UserError(f"--prompt: {len(prompt_ids)} tokens; the model's context is "
+        raise UserError(f"{prompt_flag}: {len(prompt_ids)} tokens; the model's context is "
                         f"{sh.n_positions} positions")
     if total > sh.n_positions:
-        raise UserError(f"--max-new-tokens: {max_new_tokens} after a {len(prompt_ids)}-token prompt "
+        raise UserError(f"--new-tokens: {n} after a {len(prompt_ids)}-token prompt "
                         f"needs {total} positions; the model's context is {sh.n_positions} "
                         f"(at most {sh.n_positions - len(prompt_ids) + 1} new tokens)")
-

@@ -11,21 +11,31 @@ from hw import regs
 from .device import Device, DeviceTimeout
 from .errors import UserError
 
-__all__ = ["XrtDevice"]
+__all__ = ["XrtDevice", "check_xrt"]
 
 KERNEL_ARGS = regs.KERNEL_ARGS      # then hbm0 .. hbm<C-1>
 
 
+def check_xrt(xclbin):
+    """What the XRT backend needs before any work: an xclbin file and pyxrt. Returns pyxrt."""
+    from pathlib import Path
+    if not xclbin:
+        raise UserError("--xclbin: required with --backend xrt (the file `make package` "
+                        "builds with v++)")
+    if not Path(xclbin).is_file():
+        raise UserError(f"--xclbin: {str(xclbin)!r} is not a file; allowed: the gptfpga.xclbin that "
+                        f"v++ links (`make package`, then make in its folder)")
+    try:
+        import pyxrt
+    except ImportError:
+        raise UserError("--backend xrt: pyxrt cannot be imported; install XRT and source "
+                        "/opt/xilinx/xrt/setup.sh") from None
+    return pyxrt
+
+
 class XrtDevice(Device):
     def __init__(self, cfg, *, xclbin=None, index=0):
-        if not xclbin:
-            raise UserError("--xclbin: required with --backend xrt (the file `make package` "
-                            "builds with v++)")
-        try:
-            import pyxrt
-        except ImportError:
-            raise UserError("--backend xrt: pyxrt cannot be imported; install XRT and source "
-                            "/opt/xilinx/xrt/setup.sh") from None
+        pyxrt = check_xrt(xclbin)
         self.px = pyxrt
         self.cfg = cfg
         self.channels = cfg.hbm.channels

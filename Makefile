@@ -3,11 +3,11 @@
 #   make test             the whole suite (pytest; cocotb regressions in Verilator included)
 #   make rtl   [CONFIG=]  emit Verilog, resolved config and report into build/<config>/
 #   make sim   [CONFIG=]  cocotb regressions of the config's RTL in Verilator
-#   make lint             Verilator -Wall lint of every config's RTL, and ruff on the Python
+#   make lint             Verilator -Wall lint of every config's RTL (prints its progress), ruff
 #   make soak             the long randomized runs (not part of make test)
 #   make synth [CONFIG=]  Yosys resource estimate (UltraScale+) of the config's card
 #   make package [CONFIG=] the card as a Vitis RTL kernel under build/<config>/vitis/
-#   make run   [CONFIG=]  generate text with the demo model on the Verilated card
+#   make run   [CONFIG=]  generate 32 tokens with the demo model on the Verilated cards
 #   make bench            performance figures (JSON in build/bench/, tables on stdout, plot in docs/)
 
 CONFIG ?= configs/tiny.yaml
@@ -32,13 +32,13 @@ test: setup
 	$(PY) -m pytest -q -m "not soak"
 
 rtl: setup
-	$(GPTFPGA) emit $(CONFIG) -o build/$(NAME)
+	$(GPTFPGA) emit --config $(CONFIG) -o build/$(NAME)
 
 sim: setup
-	$(GPTFPGA) sim $(CONFIG)
+	$(GPTFPGA) sim --config $(CONFIG)
 
 lint: setup
-	$(GPTFPGA) lint configs/*.yaml
+	$(GPTFPGA) lint $(addprefix --config ,$(wildcard configs/*.yaml))
 	$(VENV)/bin/ruff check .
 
 soak: setup
@@ -56,10 +56,10 @@ bench: setup
 	$(GPTFPGA) bench run --config configs/tiny.yaml
 
 package: setup
-	$(GPTFPGA) package $(CONFIG)
+	$(GPTFPGA) package --config $(CONFIG)
 
 run: setup
-	$(GPTFPGA) run --config $(CONFIG) --backend rtl --max-new-tokens 32
+	$(GPTFPGA) run --config $(CONFIG) --backend rtl --new-tokens 32
 
 clean:
 	rm -rf build sim_build

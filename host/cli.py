@@ -1,19 +1,270 @@
-"""``gptfpga``: the command line. Each subcommand is a thin layer over a library call.
+"""The ``gptfpga`` command: one console script, a subcommand per job, each a thin layer over a
+library call (``run`` and ``perf`` over the Python API, host/api.py).
 
-User mistakes (bad config, bad flag values, missing files) print one line on stderr and exit
-with code 2; they never print a traceback.
+Conventions, the same in every subcommand: the appliance config is ``--config FILE`` (the
+older positional form ``gptfpga emit FILE`` still works for emit, lint, sim and package);
+tokens to generate are ``--new-tokens`` (``--max-new-tokens`` still works for run); ``-h``
+shows each option's default; ``--version`` the installed version.
+
+A mistake (a bad config, a flag's value out of range, an output path that cannot be written,
+an option given twice) prints one line on stderr naming the flag or key, the value and what
+is allowed, and exits with 2, before any work starts; Ctrl-C exits with 130 and one line.
+Outputs are written whole or not at all (host/files.py).
 """
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
-
-from gen.config import ConfigError, load_config
 
 from .errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_CONFIG = ROOT / "configs" / "tiny.yaml"
+DESCRIPTION = ("gptfpga: generate, simulate and drive multi-FPGA GPT-2 decoding appliances. "
+               "Every subcommand takes the appliance config as --config FILE; "
+               "gptfpga <subcommand> -h lists its options and their defaults.")
+INTERRUPTED = 130            # 128 + SIGINT, as a shell reports a job ended by Ctrl-C
+
+
+def _version():
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("gptfpga")
+    except PackageNotFoundError:
+        return "unknown (not installed: run make setup)"
+
+
+# -- argument parsing ----------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a mistake reported as one line (no usage block) and exit code 2."""
+
+    def error(self, message):
+        message = message.removeprefix("argument ")
+        self.exit(2, f"gptfpga: error: {message} ({self.prog} -h lists the options)\n")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" where there is a default worth showing (not None or False)."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        d = action.default
+        if "%(default)" in h or "default:" in h or d is None or d is False or d == argparse.SUPPRESS:
+            return h
+        return h + " (default: %(default)s)"
+
+
+class _Once(argparse.Action):
+    """Stores a value, refusing an option (or its alias) given twice: argparse would keep the
+    last value without a word."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        seen = namespace.__dict__.setdefault("_given", {})
+        if self.dest in seen:
+            first = f"{seen[self.dest]} {_show(getattr(namespace, self.dest))}"
+            parser.error(f"{option_string}: given twice ({first}, then {option_string} "
+                         f"{_show(values)}); allowed: once")
+        seen[self.dest] = option_string
+        setattr(namespace, self.dest, values)
+
+
+def _show(v):
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def _number(kind, what):
+    def parse(text):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"got {text!r}; allowed: {what}") from None
+    parse.__name__ = what
+    return parse
+
+
+INT = _number(int, "an integer")
+FLOAT = _number(float, "a number")
+
+
+def _config_arg(p, *, positional=False, required=True, many=False):
+    """--config FILE (repeatable with ``many``); with ``positional``, the older positional form
+    too (hidden from -h)."""
+    if many:
+        p.add_argument("--config", action="append", metavar="FILE",
+                       help="appliance config (YAML); repeatable")
+    else:
+        p.add_argument("--config", action=_Once, metavar="FILE",
+                       default=None if required else str(DEFAULT_CONFIG.relative_to(ROOT)),
+                       help="appliance config (YAML)")
+    if positional:
+        p.add_argument("config_pos", nargs="*" if many else "?", metavar="CONFIG",
+                       help=argparse.SUPPRESS)
+    p.set_defaults(_config_required=required, _config_many=many)
+
+
+def _resolve_config(args):
+    """Merge the positional config into --config; one line if neither or both are given."""
+    pos = getattr(args, "config_pos", None)
+    if getattr(args, "_config_many", False):
+        configs = list(args.config or []) + list(pos or [])
+        if not configs:
+            raise UserError(f"--config: missing; allowed: one or more config files (gptfpga "
+                            f"{args.command} --config configs/tiny.yaml)")
+        args.config = configs
+        return
+    given = "config" in getattr(args, "_given", {})
+    if pos is not None and given:
+        raise UserError(f"--config: given twice ({args.config!r} and the positional {pos!r}); "
+                        f"allowed: once")
+    if pos is not None:
+        args.config = pos
+    if args.config is None and getattr(args, "_config_required", False):
+        raise UserError(f"--config: missing; allowed: a config file (gptfpga {args.command} "
+                        f"--config configs/tiny.yaml)")
+
+
+def build_parser():
+    p = _Parser(prog="gptfpga", description=DESCRIPTION, formatter_class=_Formatter)
+    p.add_argument("--version", action="version", version=f"gptfpga {_version()}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND",
+                           parser_class=_Parser)
+
+    def cmd(name, help, func):
+        s = sub.add_parser(name, help=help, description=help, formatter_class=_Formatter)
+        s.set_defaults(func=func)
+        return s
+
+    e = cmd("emit", "write the Verilog of each top, the resolved config and a report", cmd_emit)
+    _config_arg(e, positional=True)
+    e.add_argument("-o", "--out", action=_Once, metavar="DIR",
+                   help="output folder, created if missing (default: build/<config name>)")
+    e.add_argument("--top", action="append", help="emit only this top (repeatable; default: every top)")
+
+    lt = cmd("lint", "Verilator -Wall lint of the emitted RTL", cmd_lint)
+    _config_arg(lt, positional=True, many=True)
+
+    s = cmd("sim", "run the cocotb regressions (tests marked rtl) for a config in Verilator", cmd_sim)
+    _config_arg(s, positional=True)
+    s.add_argument("--seed", type=INT, action=_Once,
+                   help="seed for the randomized tests (default: GPTFPGA_SEED or the suite's own)")
+    s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+
+    b = cmd("bench", "the README's figures: the card's counters in Verilator, the performance model",
+            cmd_bench)
+    b.add_argument("what", choices=["core", "collective", "run", "calibrate", "perf"],
+                   help="core: one card's counters; collective: busbw against size on the ring; "
+                        "run: the demo model generating on the card; calibrate: the performance "
+                        "model against the RTL (writes docs/perf-calibration.json); perf: the "
+                        "projected side-by-side with DFX")
+    b.add_argument("--config", action=_Once, metavar="FILE",
+                   help="appliance config (YAML); required, except for calibrate (which runs its own)")
+    b.add_argument("--positions", type=INT, action=_Once,
+                   help="core: KV-cache positions for the layer figure (default: 32)")
+    b.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    b.add_argument("--plot", action=_Once, metavar="FILE.png",
+                   help="collective, perf: where to write the PNG (default: under docs/)")
+
+    co = cmd("collective", "one ring collective on the simulated N-card fabric, checked against numpy",
+             cmd_collective)
+    _config_arg(co)
+    co.add_argument("--op", required=True, action=_Once,
+                    choices=["allreduce", "allgather", "reducescatter"],
+                    help="the collective: allreduce (every card ends with the sum), allgather "
+                         "(every card ends with every card's vector), reducescatter (each card "
+                         "ends with its share of the sum)")
+    co.add_argument("--elements", type=INT, required=True, action=_Once,
+                    help="length of each card's input vector")
+    co.add_argument("--cards", type=INT, action=_Once,
+                    help="cards in the ring, 2..16 (default: the config's)")
+    co.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", action=_Once,
+                    help="element type")
+    co.add_argument("--bidirectional", action="store_true", help="both ring directions, half the data each")
+    co.add_argument("--ber", type=FLOAT, default=0.0, action=_Once,
+                    help="bit error rate injected on every link")
+    co.add_argument("--drop", type=FLOAT, default=0.0, action=_Once,
+                    help="frame drop rate (1.0: a dead link)")
+    co.add_argument("--seed", type=INT, default=0, action=_Once,
+                    help="seed of the random inputs and of the links' errors")
+    co.add_argument("--json", action="store_true", help="print one JSON object of the figures")
+    co.add_argument("--save", action=_Once, metavar="FILE.npz",
+                    help="write the inputs and each card's output (the user's elements, in the "
+                         "user's layout) to this .npz")
+    co.add_argument("--through-card", action="store_true",
+                    help="run it through the card kernels (a COLL on HBM on each Verilated card) "
+                         "instead of the bare collective nodes")
+
+    r = cmd("run", "generate text with a GPT-2 on the simulated (or real) appliance", cmd_run)
+    _config_arg(r, required=False)
+    r.add_argument("--model", action=_Once, metavar="DIR",
+                   help="Hugging Face GPT-2 directory (default: the demo model in host/demo, "
+                        "vocabulary of 512)")
+    src = r.add_mutually_exclusive_group()
+    src.add_argument("--prompt", action=_Once, default="The lighthouse",
+                     help="prompt text (default: 'The lighthouse')")
+    src.add_argument("--prompt-ids", action=_Once, metavar="IDS",
+                     help="prompt as comma-separated token ids below the model's vocabulary "
+                          "(0..511 for the demo model, e.g. 290,303,482)")
+    r.add_argument("--new-tokens", type=INT, default=32, action=_Once, metavar="N",
+                   help="tokens to generate (fewer if the model's end-of-text token comes)")
+    r.add_argument("--max-new-tokens", type=INT, dest="new_tokens", action=_Once, help=argparse.SUPPRESS)
+    r.add_argument("--backend", choices=["iss", "rtl", "xrt"], default="iss", action=_Once,
+                   help="iss: the instruction-set simulator (fast, bit-identical, counts no cycles); "
+                        "rtl: the Verilated cards (cycle counters; builds them the first time); "
+                        "xrt: a U280 board (untested)")
+    r.add_argument("--cards", type=INT, action=_Once, help="cards to run on, 1..16 (default: the config's)")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="the most likely token (the default)")
+    mode.add_argument("--temperature", type=FLOAT, action=_Once,
+                      help="sample from softmax(logits / T), T above 0 (default: greedy)")
+    r.add_argument("--top-k", type=INT, action=_Once,
+                   help="with --temperature: sample among the K most likely tokens (default: all)")
+    r.add_argument("--seed", type=INT, default=0, action=_Once, help="seed for sampling, 0 or more")
+    r.add_argument("--timeout", type=FLOAT, default=600.0, action=_Once,
+                   help="seconds one step may take on the device, above 0")
+    r.add_argument("--xclbin", action=_Once, metavar="FILE",
+                   help="with --backend xrt only (and required there): the xclbin to load")
+    r.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
+    r.add_argument("--dump-logits", action=_Once, metavar="FILE.npy",
+                   help="write the logits of every generated position to this .npy")
+
+    pf = cmd("perf", "projected cycles and ms per token of a GPT-2 size on N cards (the calibrated "
+                     "performance model)", cmd_perf)
+    _config_arg(pf)
+    pf.add_argument("--model-shape", required=True, action=_Once, metavar="SHAPE",
+                    help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a GPT-2 directory / config.json")
+    pf.add_argument("--cards", type=INT, action=_Once, help="cards, 1..16 (default: the config's)")
+    pf.add_argument("--clock-mhz", type=INT, action=_Once, help="clock, 50..1000 (default: the config's)")
+    pf.add_argument("--prompt-tokens", type=INT, default=32, action=_Once, metavar="N",
+                    help="prompt length to project (prefill)")
+    pf.add_argument("--new-tokens", type=INT, default=32, action=_Once, metavar="N",
+                    help="tokens generated to project (decode)")
+    pf.add_argument("--json", action="store_true", help="print one JSON object")
+    pf.add_argument("--trace", action=_Once, metavar="FILE.json",
+                    help="write the modelled timeline of the first decode step (every card's "
+                         "instructions: issue and done cycles, fields) as JSON")
+
+    pk = cmd("package", "the card as a Vitis RTL kernel: Verilog, kernel.xml, package_kernel.tcl, "
+                        "v++ link config, Makefile", cmd_package)
+    _config_arg(pk, positional=True)
+    pk.add_argument("-o", "--out", action=_Once, metavar="DIR",
+                    help="output folder, created if missing (default: build/<config name>/vitis)")
+
+    sy = cmd("synth", "resource estimates with Yosys synth_xilinx -family xcup", cmd_synth)
+    _config_arg(sy, required=False)
+    sy.set_defaults(config=None)
+    sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
+    sy.add_argument("--unit", action="append", help="with --arith: only this unit (repeatable)")
+    return p
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def _load(path):
+    from gen.config import load_config
+    return load_config(path)
+
+
+def _default_out(config_path):
+    return ROOT / "build" / Path(config_path).stem
 
 
 def _cards(args, cfg, least=1):
@@ -24,15 +275,36 @@ def _cards(args, cfg, least=1):
     return cards
 
 
-def _default_out(config_path):
-    return ROOT / "build" / Path(config_path).stem
+def _progress(what, total=None, *, grace=3.0):
+    """Progress on stderr; a job done within ``grace`` seconds prints no progress lines to a
+    log (a terminal shows the bar at once, and erases it)."""
+    from .progress import Progress
+    return Progress(what, total, grace=grace)
 
 
+def _fmt(v, unit=""):
+    """A figure for a line of text: n/a for None, whole numbers from 1000 up."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.0f}{unit}" if abs(v) >= 1000 else f"{v:g}{unit}"
+    return f"{v}{unit}"
+
+
+# -- subcommands ---------------------------------------------------------------------------------
 def cmd_emit(args):
-    from gen.emit import emit
-    cfg = load_config(args.config)
-    out = Path(args.out) if args.out else _default_out(args.config)
-    written = emit(cfg, out, tops=args.top or None)
+    from gen.emit import emit, output_names
+    from gen.tops import TOPS
+
+    from .files import check_out_dir
+    cfg = _load(args.config)
+    tops = list(dict.fromkeys(args.top)) if args.top else None
+    for t in tops or ():
+        if t not in TOPS:
+            raise UserError(f"--top: got {t!r}; allowed: {', '.join(TOPS)}")
+    out = check_out_dir(args.out or _default_out(args.config), "--out", output_names(tops))
+    with _progress(f"emit {cfg.name}", len(tops or TOPS)) as p:
+        written = emit(cfg, out, tops=tops, progress=p)
     for top, path in written.items():
         print(f"{top}: {path}")
     print(f"config: {out / 'config.json'}")
@@ -42,24 +314,26 @@ def cmd_emit(args):
 
 def cmd_lint(args):
     from gen.lint import lint
+    from gen.tops import TOPS
+    cfgs = [(c, _load(c)) for c in args.config]        # every config checked before any lint
     status = 0
-    for config in args.config:
-        cfg = load_config(config)
-        out = _default_out(config) / "lint"
-        results = lint(cfg, out)
-        for top, warnings in results.items():
-            if warnings:
-                status = 1
-                print(f"{cfg.name}/{top}: {len(warnings)} warning(s)")
-                for w in warnings:
-                    print(f"  {w}")
-            else:
-                print(f"{cfg.name}/{top}: clean")
+    with _progress("lint", len(cfgs) * len(TOPS)) as p:
+        for (config, cfg), name in ((c, t) for c in cfgs for t in TOPS):
+            # one top at a time, so that each result shows as soon as it is known
+            out = _default_out(config) / "lint"
+            for top, warnings in lint(cfg, out, tops=[name], progress=p).items():
+                if warnings:
+                    status = 1
+                    p.log("\n".join([f"{cfg.name}/{top}: {len(warnings)} warning(s)",
+                                      *(f"  {w}" for w in warnings)]), file=sys.stdout)
+                else:
+                    p.log(f"{cfg.name}/{top}: clean", file=sys.stdout)
     return status
 
 
 def cmd_sim(args):
-    load_config(args.config)   # a bad config fails here, with one line, not inside pytest
+    import subprocess
+    _load(args.config)   # a bad config fails here, with one line, not inside pytest
     cmd = [sys.executable, "-m", "pytest", str(ROOT / "tests"), "-m", "rtl", "--config",
            str(Path(args.config).resolve()), *args.pytest_args]
     if args.seed is not None:
@@ -70,14 +344,17 @@ def cmd_sim(args):
 def cmd_synth(args):
     import json
 
-    from gen.synth import arith_table, card_table, synth_arith, synth_card
+    from gen.synth import arith_table, arith_units, card_table, card_units, synth_arith, synth_card
+
+    from .files import atomic_write
     out = ROOT / "build" / "synth"
     if args.config:
         if args.arith or args.unit:
             raise UserError("synth: --config estimates the card; --arith and --unit are for the "
                             "arithmetic units alone (give one or the other)")
-        cfg = load_config(args.config)
-        result = synth_card(cfg, out)
+        cfg = _load(args.config)
+        with _progress(f"synth {cfg.name}", len(card_units(cfg)) + 1) as p:
+            result = synth_card(cfg, out, log=lambda m: p.log(m, file=sys.stdout), progress=p)
         print(card_table(result), end="")
         print(f"not in the sum: {result['not_included']}")
         print(f"wrote {out / f'card-{cfg.name}.json'}")
@@ -85,15 +362,14 @@ def cmd_synth(args):
     if not args.arith:
         raise UserError("synth: give --config CONFIG (the card, units multiplied out) or --arith "
                         "(every arithmetic unit alone)")
-    names = args.unit or None
-    if names:
-        from gen.synth import arith_units
-        for n in names:
-            if n not in arith_units():
-                raise UserError(f"--unit: got {n!r}; allowed: {', '.join(arith_units())}")
-    results = synth_arith(out / "arith", names)
-    (out / "arith.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "arith.md").write_text(arith_table(results))
+    names = list(dict.fromkeys(args.unit)) if args.unit else None
+    for n in names or ():
+        if n not in arith_units():
+            raise UserError(f"--unit: got {n!r}; allowed: {', '.join(arith_units())}")
+    with _progress("synth --arith", len(names or arith_units())) as p:
+        results = synth_arith(out / "arith", names, log=lambda m: p.log(m, file=sys.stdout), progress=p)
+    atomic_write(out / "arith.json", json.dumps(results, indent=1) + "\n")
+    atomic_write(out / "arith.md", arith_table(results))
     print(arith_table(results), end="")
     print(f"wrote {out / 'arith.json'} and {out / 'arith.md'}")
     return 0
@@ -103,10 +379,16 @@ def cmd_bench(args):
     import json
 
     from sim import bench
+
+    from .files import atomic_write, check_out_dir, check_out_file
     if args.what not in ("core",) and args.positions is not None:
         raise UserError(f"--positions: only for bench core, not bench {args.what}")
+    if args.positions is not None and args.positions < 1:
+        raise UserError(f"--positions: got {args.positions}; allowed: 1 or more")
     if args.what not in ("collective", "perf") and args.plot:
         raise UserError(f"--plot: only for bench collective and bench perf, not bench {args.what}")
+    if args.plot:
+        check_out_file(args.plot, "--plot", ".png")
     if args.what == "calibrate":
         if args.config:
             raise UserError("--config: bench calibrate runs its own fixed cases (tiny and medium); "
@@ -115,38 +397,40 @@ def cmd_bench(args):
     elif not args.config:
         raise UserError(f"--config: bench {args.what} needs a config")
     else:
-        cfg = load_config(args.config)
-    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    out = ROOT / "build" / "bench"
-    out.mkdir(parents=True, exist_ok=True)
-    if args.what == "core":
-        result = bench.bench_core(cfg, positions=args.positions or 32, log=log)
-        table = core_table([result])
-    elif args.what == "run":
-        result = bench.bench_run(cfg, log=log)
-        table = bench.run_table(result)
-    elif args.what == "calibrate":
-        result = bench.calibrate_perf(log=log)
-        bench.CALIBRATION.write_text(json.dumps(result, indent=1) + "\n")
-        table = (f"performance model vs RTL: largest error {result['calibration_error']:.1%} over "
-                 f"{len(result['steps'])} steps; collectives {result['collective_error']:.1%}\n"
-                 f"wrote {bench.CALIBRATION}")
-    elif args.what == "perf":
-        result = bench.bench_perf(cfg, log=log)
-        table = bench.perf_table(result) + "\n\n" + bench.what_if_table(result)
-        png = Path(args.plot) if args.plot else ROOT / "docs" / f"decode-roofline-{cfg.name}.png"
-        bench.plot_roofline(result, png)
-        log(f"wrote {png}")
-    else:
-        result = bench.bench_collective(cfg, log=log)
-        if cfg.ring_links:
-            result["card"] = bench.bench_card_collective(cfg, log=log)
-        table = bench.collective_table(result)
-        png = Path(args.plot) if args.plot else ROOT / "docs" / f"collective-busbw-{cfg.name}.png"
-        bench.plot_collective(result, png)
-        log(f"wrote {png}")
+        cfg = _load(args.config)
+    out = check_out_dir(ROOT / "build" / "bench", "bench")
+    what = f"bench {args.what}" + (f" {cfg.name}" if cfg else "")
+    with _progress(what) as p:
+        def log(msg):
+            p.log(msg, file=sys.stderr if args.json else sys.stdout)
+        if args.what == "core":
+            result = bench.bench_core(cfg, positions=args.positions or 32, log=log, progress=p)
+            table = core_table([result])
+        elif args.what == "run":
+            result = bench.bench_run(cfg, log=log, progress=p)
+            table = bench.run_table(result)
+        elif args.what == "calibrate":
+            result = bench.calibrate_perf(log=log, progress=p)
+            atomic_write(bench.CALIBRATION, json.dumps(result, indent=1) + "\n")
+            table = (f"performance model vs RTL: largest error {result['calibration_error']:.1%} over "
+                     f"{len(result['steps'])} steps; collectives {result['collective_error']:.1%}\n"
+                     f"wrote {bench.CALIBRATION}")
+        elif args.what == "perf":
+            result = bench.bench_perf(cfg, log=log, progress=p)
+            table = bench.perf_table(result) + "\n\n" + bench.what_if_table(result)
+            png = Path(args.plot) if args.plot else ROOT / "docs" / f"decode-roofline-{cfg.name}.png"
+            bench.plot_roofline(result, png)
+            log(f"wrote {png}")
+        else:
+            result = bench.bench_collective(cfg, log=log, progress=p)
+            if cfg.ring_links:
+                result["card"] = bench.bench_card_collective(cfg, log=log, progress=p)
+            table = bench.collective_table(result)
+            png = Path(args.plot) if args.plot else ROOT / "docs" / f"collective-busbw-{cfg.name}.png"
+            bench.plot_collective(result, png)
+            log(f"wrote {png}")
     path = out / (f"{args.what}-{cfg.name}.json" if cfg else f"{args.what}.json")
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    atomic_write(path, json.dumps(result, indent=1) + "\n")
     if args.json:
         print(json.dumps(result))
     else:
@@ -174,10 +458,10 @@ def core_table(results):
 def cmd_collective(args):
     import json
 
-    import numpy as np
+    from sim.fabric import LinkDead, run_collective, user_layout
 
-    from sim.fabric import LinkDead, run_collective
-    cfg = load_config(args.config)
+    from .files import atomic_output, check_out_file
+    cfg = _load(args.config)
     if args.elements < 1:
         raise UserError(f"--elements: got {args.elements}; allowed: at least 1")
     cards = _cards(args, cfg, least=2)
@@ -185,6 +469,10 @@ def cmd_collective(args):
         v = getattr(args, name)
         if not 0.0 <= v <= 1.0:
             raise UserError(f"--{name}: got {v}; allowed: a probability in [0, 1]")
+    if not 0 <= args.seed < 1 << 63:
+        raise UserError(f"--seed: got {args.seed}; allowed: an integer in 0..2**63-1")
+    if args.save:
+        check_out_file(args.save, "--save", ".npz")
     dead = 1.0 if args.drop >= 1.0 else None
     if args.through_card:
         from sim.system import run_card_collective
@@ -198,16 +486,19 @@ def cmd_collective(args):
             raise UserError(f"--through-card: config {cfg.name!r} has cards: 1, so its card kernel has "
                             f"no ring links; use a config with cards >= 2")
     try:
-        if args.through_card:
-            fig, inputs, outputs, _ = run_card_collective(
-                cfg, args.op, args.elements, cards=cards, bidirectional=args.bidirectional,
-                ber=args.ber, drop=0.0 if dead else args.drop, dead_link=0 if dead else None,
-                seed=args.seed)
-        else:
-            fig, inputs, outputs, _ = run_collective(
-                cfg, args.op, args.elements, cards=cards, dtype=args.dtype,
-                bidirectional=args.bidirectional, ber=args.ber, drop=0.0 if dead else args.drop,
-                dead_link=0 if dead else None, seed=args.seed)
+        with _progress(f"collective {args.op}") as p:
+            p.note(f"{args.elements} elements on {cards} cards"
+                   + (" through the Verilated cards" if args.through_card else ""))
+            if args.through_card:
+                fig, inputs, outputs, _ = run_card_collective(
+                    cfg, args.op, args.elements, cards=cards, bidirectional=args.bidirectional,
+                    ber=args.ber, drop=0.0 if dead else args.drop, dead_link=0 if dead else None,
+                    seed=args.seed)
+            else:
+                fig, inputs, outputs, _ = run_collective(
+                    cfg, args.op, args.elements, cards=cards, dtype=args.dtype,
+                    bidirectional=args.bidirectional, ber=args.ber, drop=0.0 if dead else args.drop,
+                    dead_link=0 if dead else None, seed=args.seed)
     except LinkDead as e:
         fig = e.figures
         if args.json:
@@ -216,17 +507,11 @@ def cmd_collective(args):
               f"{fig['retransmissions']} retransmissions)", file=sys.stderr)
         return 1
     if args.save:
-        width = max(len(o) for o in outputs)
-        out = np.full((cards, width), np.nan, np.float32)
-        for i, o in enumerate(outputs):
-            vals = o.astype(np.uint32)
-            if args.dtype == "fp16" and args.op == "allgather":
-                out[i, :len(o)] = vals.astype(np.uint16).view(np.float16)
-            else:
-                out[i, :len(o)] = vals.view(np.float32)
-        ins = inputs.astype(np.uint16).view(np.float16) if args.dtype == "fp16" else inputs.view(np.float32)
-        np.savez(args.save, inputs=ins, outputs=out,
-                 output_lengths=np.array([len(o) for o in outputs]))
+        import numpy as np
+        saved = user_layout(cfg, args.op, inputs, outputs, dtype=args.dtype,
+                            bidirectional=args.bidirectional)
+        with atomic_output(args.save, flag="--save") as f:
+            np.savez(f, **saved)
     if args.json:
         print(json.dumps(fig))
     else:
@@ -238,127 +523,106 @@ def cmd_collective(args):
     return 0
 
 
+def _prompt_ids(text, app):
+    """--prompt-ids: comma-separated ids (each checked against the vocabulary later). The
+    example in the message is valid for the model: its tokenizer's ids of a short text."""
+    from .tokenizer import Tokenizer
+    ex = app.encode("The machine wrote") if isinstance(app.tokenizer, Tokenizer) else []
+    ex = [i for i in ex if i < app.shape.vocab] or list(range(min(3, app.shape.vocab)))
+    allowed = (f"allowed: comma-separated token ids in 0..{app.shape.vocab - 1}, e.g. "
+               f"{','.join(map(str, ex))}")
+    items = [x.strip() for x in text.split(",")]
+    if not text.strip():
+        raise UserError(f"--prompt-ids: empty; {allowed}")
+    try:
+        ids = [int(x) for x in items]
+    except ValueError:
+        raise UserError(f"--prompt-ids: got {text!r}; {allowed}") from None
+    bad = [i for i in ids if not 0 <= i < app.shape.vocab]
+    if bad:
+        raise UserError(f"--prompt-ids: {bad[0]} is outside the vocabulary (the model has "
+                        f"{app.shape.vocab} tokens); {allowed}")
+    return ids
+
+
 def cmd_run(args):
     import json
 
-    import numpy as np
-
-    from .model import load_checkpoint
-    from .runtime import DEMO_MODEL, Sampling, check_request, eos_id, generate, make_cards
-    from .tokenizer import load_tokenizer
-    cfg = load_config(args.config)
-    cards = _cards(args, cfg)       # cfg stays as loaded: its card count decides the card kernel
-    model_dir = Path(args.model) if args.model else DEMO_MODEL
-    model = load_checkpoint(model_dir)
-    tok = load_tokenizer(model_dir)
-    if args.top_k and not args.temperature:
-        raise UserError("--top-k: needs --temperature (greedy decoding ignores it)")
-    sampling = Sampling(temperature=args.temperature or 0.0, top_k=args.top_k or 0, seed=args.seed)
-    sampling.check(model.shape.vocab)
-    if args.prompt_ids is not None:
-        try:
-            ids = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--prompt-ids: got {args.prompt_ids!r}; allowed: comma-separated "
-                            f"token ids, e.g. 464,2068,7586") from None
-    else:
-        ids = tok.encode(args.prompt)
-    check_request(model.shape, ids, args.max_new_tokens)
-    appliance = make_cards(cfg, model, args.backend, cards, xclbin=args.xclbin)
-    stream = not args.json
-    printed = [""]
-    gen = []
-
-    def on_token(t):
-        gen.append(t)
-        if stream:
-            text = tok.decode(gen)
-            if not text.endswith("\ufffd"):        # a multi-byte character not finished yet
-                print(text[len(printed[0]):], end="", flush=True)
-                printed[0] = text
-
-    if stream:
-        print(args.prompt if args.prompt_ids is None else tok.decode(ids), end="", flush=True)
-    out, logits, stats = generate(cfg, appliance, None, ids, args.max_new_tokens, sampling=sampling,
-                                  eos=eos_id(model_dir), timeout_s=args.timeout, on_token=on_token,
-                                  keep_logits=bool(args.dump_logits))
+    from .api import Appliance
+    from .files import atomic_output, check_out_file
     if args.dump_logits:
-        np.save(args.dump_logits, logits)
-    fig = stats.summary(cfg)
-    result = {"backend": args.backend, "config": cfg.name, "cards": cards, "prompt_ids": ids,
-              "tokens": out, "text": tok.decode(out), **fig}
+        check_out_file(args.dump_logits, "--dump-logits", ".npy")
+    if args.top_k is not None and args.temperature is None:
+        raise UserError(f"--top-k: got {args.top_k} with greedy decoding; allowed: with --temperature "
+                        f"above 0 (greedy decoding takes the most likely token)")
+    progress = _progress(f"run on {args.backend}")
+    with progress:
+        app = Appliance(args.config, args.model, backend=args.backend, cards=args.cards,
+                        xclbin=args.xclbin, timeout=args.timeout, progress=progress)
+        ids = _prompt_ids(args.prompt_ids, app) if args.prompt_ids is not None else None
+        stream = app.stream(None if ids is not None else args.prompt, prompt_ids=ids,
+                            new_tokens=args.new_tokens, temperature=args.temperature or 0.0,
+                            top_k=args.top_k, seed=args.seed, keep_logits=bool(args.dump_logits))
+        progress.total = stream.steps
+        for i, token in enumerate(stream):
+            if args.json:
+                continue
+            if i == 0:      # the text shows the progress from here on
+                progress.close()
+                print(args.prompt if ids is None else app.decode(ids), end="", flush=True)
+            print(token.text, end="", flush=True)
+    result = stream.result
+    if args.dump_logits:
+        import numpy as np
+        with atomic_output(args.dump_logits, flag="--dump-logits") as f:
+            np.save(f, result.logits)
+    doc = {"backend": args.backend, "config": app.config.name, "cards": app.cards, **result.to_dict()}
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(doc))
+        return 0
+    s, mhz = result.stats, app.config.clock_mhz
+    print()
+    print(f"-- {len(result.tokens)} tokens on {args.backend} ({app.config.name}, {app.cards} "
+          f"card{'s' if app.cards > 1 else ''})")
+    if s["decode_cycles_per_token"] is not None or s["prefill_cycles"] is not None:
+        print(f"   prefill: {s['prefill_cycles']} cycles for {s['prompt_tokens']} tokens "
+              f"({_fmt(s['prefill_cycles_per_token'])} per token, "
+              f"{_fmt(s['prefill_ms_per_token_at_clock'])} ms at {mhz:g} MHz)")
+        print(f"   decode: {_fmt(s['decode_cycles_per_token'])} cycles per token "
+              f"({_fmt(s['decode_ms_per_token_at_clock'])} ms at {mhz:g} MHz), "
+              f"HBM utilization {_fmt(s['hbm_utilization_decode'])}")
     else:
-        print()
-        print(f"-- {len(out)} tokens on {args.backend} ({cfg.name}, {cards} card{'s' if cards > 1 else ''})")
-        if args.backend == "iss":
-            print("   (the ISS counts bytes, not cycles: use --backend rtl for cycle figures)")
-        else:
-            print(f"   prefill: {fig['prefill_cycles']} cycles for {fig['prompt_tokens']} tokens "
-                  f"({fig['prefill_cycles_per_token']} per token, {fig['prefill_ms_per_token_at_clock']} ms "
-                  f"at {cfg.clock_mhz} MHz)")
-            print(f"   decode: {fig['decode_cycles_per_token']} cycles per token "
-                  f"({fig['decode_ms_per_token_at_clock']} ms at {cfg.clock_mhz} MHz), "
-                  f"HBM utilization {fig['hbm_utilization_decode']}")
-        print(f"   HBM bytes per decode token: {fig['hbm_bytes_per_token']:.0f}; simulation wall time "
-              f"per decode token: {fig['wall_seconds_per_decode_token']} s")
+        print("   cycles: not measured (the ISS counts bytes, not cycles; --backend rtl counts them)")
+    print(f"   modelled by the performance model, not measured: prefill "
+          f"{_fmt(s['modelled_prefill_cycles_per_token'])} cycles per token, decode "
+          f"{_fmt(s['modelled_decode_cycles_per_token'])} cycles per token "
+          f"({_fmt(s['modelled_decode_ms_per_token'])} ms at {mhz:g} MHz)")
+    print(f"   HBM bytes per decode token: {_fmt(s['hbm_bytes_per_token'])}; simulation wall time "
+          f"per decode token: {_fmt(s['wall_seconds_per_decode_token'], ' s')}")
     return 0
 
 
 def cmd_perf(args):
     import json
 
-    from .model import SHAPES, load_shape
-    from .perf import DFX, StepCosts, predict, simulate, trace_table
-    cfg = load_config(args.config)
-    if args.model_shape in SHAPES:
-        shape = SHAPES[args.model_shape]
-    elif Path(args.model_shape).is_dir() or args.model_shape.endswith(".json"):
-        p = Path(args.model_shape)
-        shape = load_shape(p / "config.json" if p.is_dir() else p, "--model-shape")
-    else:
-        raise UserError(f"--model-shape: got {args.model_shape!r}; allowed: {', '.join(SHAPES)}, or a "
-                        f"Hugging Face GPT-2 directory or config.json")
-    cards = _cards(args, cfg)
-    if args.clock_mhz is not None and not 50 <= args.clock_mhz <= 1000:
-        raise UserError(f"--clock-mhz: got {args.clock_mhz}; allowed: 50..1000")
-    for flag, v in (("--prompt-tokens", args.prompt_tokens), ("--new-tokens", args.new_tokens)):
-        if v < 1:
-            raise UserError(f"{flag}: got {v}; allowed: 1 or more")
-    # as `gptfpga run`: the last generated token is not fed back, so it needs no position
-    if args.prompt_tokens + args.new_tokens - 1 > shape.n_positions:
-        raise UserError(f"--prompt-tokens + --new-tokens: {args.prompt_tokens + args.new_tokens} is "
-                        f"beyond the model's context of {shape.n_positions} positions (+1 for the "
-                        f"last token)")
-    cfg = cfg.replace(cards=cards, clock_mhz=args.clock_mhz or cfg.clock_mhz)
-    costs = StepCosts(cfg, shape, cards)
-    r = predict(cfg, shape, cards=cards, prompt=args.prompt_tokens, new_tokens=args.new_tokens,
-                costs=costs)
+    from .api import perf
+    from .files import atomic_write, check_out_file
+    from .perf import DFX
     if args.trace:
-        # the first decode step: one token at the prompt's end
-        progs = [cm.step([0], args.prompt_tokens) for cm in costs.cms]
-        step = simulate(cfg, progs, trace=True)
-        doc = {"config": cfg.name, "model_shape": args.model_shape, "cards": cards,
-               "step": "decode", "position": args.prompt_tokens, "cycles": step["cycles"],
-               "source": "the performance model's timeline, not measured",
-               "rows": trace_table(progs, step)}
-        try:
-            Path(args.trace).write_text(json.dumps(doc) + "\n")
-        except OSError as e:
-            raise UserError(f"--trace: cannot write {args.trace!r}: {e.strerror}") from None
-        print(f"wrote {args.trace}: {len(doc['rows'])} instructions over {cards} card(s), "
-              f"{step['cycles']} cycles", file=sys.stderr if args.json else sys.stdout)
-    from sim.bench import recorded_calibration
-    cal = recorded_calibration() or {}
-    r = {"config": cfg.name, "model_shape": args.model_shape, **r,
-         "calibration_error": cal.get("calibration_error"),
-         "collective_model_error": cal.get("collective_error"),
-         "source": "projected by the performance model, not measured"}
+        check_out_file(args.trace, "--trace")
+    r = perf(args.config, args.model_shape, cards=args.cards, prompt_tokens=args.prompt_tokens,
+             new_tokens=args.new_tokens, clock_mhz=args.clock_mhz, trace=bool(args.trace))
+    r["model_shape"] = args.model_shape
+    if args.trace:
+        doc = r.pop("trace")
+        doc["model_shape"] = args.model_shape
+        atomic_write(args.trace, json.dumps(doc) + "\n", flag="--trace")
+        print(f"wrote {args.trace}: {len(doc['rows'])} instructions over {r['cards']} card(s), "
+              f"{doc['cycles']} cycles", file=sys.stderr if args.json else sys.stdout)
     if args.json:
         print(json.dumps(r))
         return 0
-    print(f"{args.model_shape} on {cards} x {cfg.name} at {cfg.clock_mhz:g} MHz, "
+    print(f"{args.model_shape} on {r['cards']} x {r['config']} at {r['clock_mhz']:g} MHz, "
           f"[{args.prompt_tokens}:{args.new_tokens}] (projected by the model):")
     print(f"  decode  {r['decode_ms_per_token']} ms/token ({r['decode_cycles_per_token']:.0f} cycles), "
           f"{r['hbm_roofline_fraction']} of the HBM roofline ({r['hbm_roofline_decode_ms_per_token']} ms)")
@@ -375,131 +639,68 @@ def cmd_perf(args):
 
 
 def cmd_package(args):
-    from gen.package import package
-    cfg = load_config(args.config)
-    out = Path(args.out) if args.out else _default_out(args.config) / "vitis"
-    files = package(cfg, out)
+    from gen.package import FILES, package
+
+    from .files import check_out_dir
+    cfg = _load(args.config)
+    out = check_out_dir(args.out or _default_out(args.config) / "vitis", "--out", FILES)
+    with _progress(f"package {cfg.name}") as p:
+        files = package(cfg, out, progress=p)
     for path in files.values():
         print(path)
     return 0
 
 
-def build_parser():
-    p = argparse.ArgumentParser(prog="gptfpga", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="command", required=True)
-
-    e = sub.add_parser("emit", help="write the Verilog of each top, the resolved config and a report")
-    e.add_argument("config", help="appliance config (YAML)")
-    e.add_argument("-o", "--out", help="output folder (default build/<config name>)")
-    e.add_argument("--top", action="append", help="emit only this top (repeatable)")
-    e.set_defaults(func=cmd_emit)
-
-    lt = sub.add_parser("lint", help="Verilator -Wall lint of the emitted RTL")
-    lt.add_argument("config", nargs="+", help="appliance config(s) (YAML)")
-    lt.set_defaults(func=cmd_lint)
-
-    s = sub.add_parser("sim", help="run the cocotb regressions for a config in Verilator")
-    s.add_argument("config", help="appliance config (YAML)")
-    s.add_argument("--seed", type=int, help="seed for the randomized tests")
-    s.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
-    s.set_defaults(func=cmd_sim)
-    b = sub.add_parser("bench", help="performance of the card in Verilator (cycles from its counters)")
-    b.add_argument("what", choices=["core", "collective", "run", "calibrate", "perf"],
-                   help="core: one card's counters; collective: busbw against size on the ring; "
-                        "run: the demo model generating on the card; calibrate: the performance "
-                        "model against the RTL (writes docs/perf-calibration.json); perf: the "
-                        "projected side-by-side with DFX")
-    b.add_argument("--config", help="appliance config (YAML); not for calibrate")
-    b.add_argument("--positions", type=int, help="core: KV-cache positions for the layer figure (32)")
-    b.add_argument("--json", action="store_true", help="print one JSON object")
-    b.add_argument("--plot", help="collective, perf: where to write the PNG (default under docs/)")
-    b.set_defaults(func=cmd_bench)
-
-    co = sub.add_parser("collective", help="one ring collective on the simulated N-card fabric")
-    co.add_argument("--config", required=True, help="appliance config (YAML)")
-    co.add_argument("--op", required=True, choices=["allreduce", "allgather", "reducescatter"])
-    co.add_argument("--elements", type=int, required=True, help="length of each card's input vector")
-    co.add_argument("--cards", type=int, help="cards in the ring (default: the config's)")
-    co.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32")
-    co.add_argument("--bidirectional", action="store_true", help="both ring directions, half the data each")
-    co.add_argument("--ber", type=float, default=0.0, help="bit error rate injected on every link")
-    co.add_argument("--drop", type=float, default=0.0, help="frame drop rate (1.0: a dead link)")
-    co.add_argument("--seed", type=int, default=0)
-    co.add_argument("--json", action="store_true")
-    co.add_argument("--save", help="write inputs and outputs to this .npz")
-    co.add_argument("--through-card", action="store_true",
-                    help="run it through the card kernels (a COLL on HBM on each Verilated card) "
-                         "instead of the bare collective nodes")
-    co.set_defaults(func=cmd_collective)
-
-    r = sub.add_parser("run", help="generate text with a GPT-2 on the simulated (or real) appliance")
-    r.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"), help="appliance config (YAML)")
-    r.add_argument("--model", help="Hugging Face GPT-2 directory (default: the demo model in host/demo)")
-    src = r.add_mutually_exclusive_group()
-    src.add_argument("--prompt", default="The lighthouse", help="prompt text")
-    src.add_argument("--prompt-ids", help="prompt as comma-separated token ids")
-    r.add_argument("--max-new-tokens", type=int, default=32)
-    r.add_argument("--backend", choices=["iss", "rtl", "xrt"], default="rtl")
-    r.add_argument("--cards", type=int, help="cards to run on (default: the config's)")
-    mode = r.add_mutually_exclusive_group()
-    mode.add_argument("--greedy", action="store_true", help="the most likely token (the default)")
-    mode.add_argument("--temperature", type=float, help="sample from softmax(logits / T)")
-    r.add_argument("--top-k", type=int, help="sample among the K most likely tokens")
-    r.add_argument("--seed", type=int, default=0, help="seed for sampling")
-    r.add_argument("--timeout", type=float, default=600.0, help="seconds a step may take on the device")
-    r.add_argument("--xclbin", help="with --backend xrt: the xclbin to load")
-    r.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
-    r.add_argument("--dump-logits", help="write the logits of every generated position (.npy)")
-    r.set_defaults(func=cmd_run)
-
-    pf = sub.add_parser("perf", help="projected cycles and ms per token of a GPT-2 size on N cards "
-                                     "(the calibrated performance model)")
-    pf.add_argument("--config", required=True, help="appliance config (YAML)")
-    pf.add_argument("--model-shape", required=True,
-                    help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a GPT-2 directory / config.json")
-    pf.add_argument("--cards", type=int, help="cards (default: the config's)")
-    pf.add_argument("--clock-mhz", type=int, help="clock (default: the config's)")
-    pf.add_argument("--prompt-tokens", type=int, default=32)
-    pf.add_argument("--new-tokens", type=int, default=32)
-    pf.add_argument("--json", action="store_true", help="one JSON object")
-    pf.add_argument("--trace", help="write the modelled timeline of the first decode step (every "
-                                    "card's instructions: issue and done cycles, fields) as JSON")
-    pf.set_defaults(func=cmd_perf)
-
-    pk = sub.add_parser("package", help="the card as a Vitis RTL kernel: Verilog, kernel.xml, "
-                                        "package_kernel.tcl, v++ link config, Makefile")
-    pk.add_argument("config", help="appliance config (YAML)")
-    pk.add_argument("-o", "--out", help="output folder (default build/<config name>/vitis)")
-    pk.set_defaults(func=cmd_package)
-
-    sy = sub.add_parser("synth", help="resource estimates with Yosys synth_xilinx -family xcup")
-    sy.add_argument("--config", help="the card of this config: units multiplied out, RAMs counted")
-    sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
-    sy.add_argument("--unit", action="append", help="only this unit (repeatable)")
-    sy.set_defaults(func=cmd_synth)
-    return p
-
-
+# -- entry point ---------------------------------------------------------------------------------
 def main(argv=None):
+    """The console script: returns the exit code (0, 1 for a failed check such as lint
+    warnings, 2 for a mistake in what was asked, 130 for Ctrl-C)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return _interrupted()
+
+
+def _main(argv):
+    from gen.config import ConfigError
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "emit" and args.top:
-        from gen.tops import TOPS
-        for t in args.top:
-            if t not in TOPS:
-                return _fail(f"--top: got {t!r}; allowed: {', '.join(TOPS)}")
     try:
+        _resolve_config(args)
         return args.func(args)
     except (ConfigError, UserError) as e:
-        return _fail(str(e))
+        return _fail(_as_typed(str(e), args))
     except KeyboardInterrupt:
-        return _fail("interrupted")
+        return _interrupted()
     except BrokenPipeError:
         # The reader of stdout went away (gptfpga ... | head): stop quietly, as a filter does
         # (stdout to /dev/null, so that Python's own flush at exit does not raise again).
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _as_typed(msg, args):
+    """A message names an option as the user typed it: the library says --new-tokens, the
+    user may have typed its older alias --max-new-tokens."""
+    for dest, typed in getattr(args, "_given", {}).items():
+        canonical = "--" + dest.replace("_", "-")
+        if typed != canonical and typed.startswith("--"):
+            msg = msg.replace(canonical, typed)
+    return msg
+
+
+def _interrupted():
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    try:
+        lead = "\n" if sys.stderr.isatty() else ""      # off the line the terminal echoed ^C on
+        print(f"{lead}gptfpga: interrupted", file=sys.stderr, flush=True)
+    except (OSError, ValueError, KeyboardInterrupt):
+        pass
+    return INTERRUPTED
 
 
 def _fail(msg):

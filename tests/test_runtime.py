@@ -187,7 +187,7 @@ def _cli(*args, timeout=600):
 
 def test_cli_iss_json(tmp_path):
     logits = tmp_path / "l.npy"
-    p = _cli("--backend", "iss", "--cards", "1", "--prompt", PROMPT, "--max-new-tokens", "4", "--json",
+    p = _cli("--backend", "iss", "--cards", "1", "--prompt", PROMPT, "--new-tokens", "4", "--json",
              "--dump-logits", str(logits))
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
@@ -204,7 +204,7 @@ def test_cli_iss_json(tmp_path):
     (["--model", "/nonexistent"], "--model"),
     (["--prompt-ids", "1,2,99999"], "outside the vocabulary"),
     (["--prompt-ids", "1,x"], "--prompt-ids"),
-    (["--max-new-tokens", "500"], "context"),
+    (["--new-tokens", "500"], "context"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--prompt", ""], "--prompt"),
     (["--prompt-ids", ",".join(["5"] * 200)], "context"),

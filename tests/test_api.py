@@ -19,22 +19,28 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
 
 
-def api_example():
-    """The README's example: the first ```python block under the "## Python API" heading of
-    README.md; while README.md has none, the example of host/api.py's docstring (the README
-    quotes it). Returns (source, code)."""
-    readme = (ROOT / "README.md").read_text()
-    m = re.search(r"^## Python API\s*$(.*?)(?=^## |\Z)", readme, re.M | re.S)
-    if m:
-        block = re.search(r"^```python\n(.*?)^```", m.group(1), re.M | re.S)
-        if block:
-            return "README.md", block.group(1)
+def docstring_example():
+    """The example of host/api.py's docstring: the indented block after its "::"."""
     import host.api
     doc = host.api.__doc__
-    start = doc.index("::\n") + 3
-    body = doc[start:]
+    body = doc[doc.index("::\n") + 3:]
     end = re.search(r"\n\S", body)               # the indented block ends at unindented text
-    return "host/api.py", textwrap.dedent(body[:end.start() if end else len(body)]).strip("\n") + "\n"
+    return textwrap.dedent(body[:end.start() if end else len(body)]).strip("\n") + "\n"
+
+
+def readme_example(readme=None):
+    """The first ```python block under the "## Python API" heading of README.md, or None."""
+    readme = (ROOT / "README.md").read_text() if readme is None else readme
+    m = re.search(r"^## Python API\s*$(.*?)(?=^## |\Z)", readme, re.M | re.S)
+    block = m and re.search(r"^```python\n(.*?)^```", m.group(1), re.M | re.S)
+    return block.group(1) if block else None
+
+
+def api_example():
+    """The README's example: README.md's "## Python API" ```python block; while README.md has
+    none, host/api.py's docstring example (the text the README quotes). (source, code)."""
+    code = readme_example()
+    return ("README.md", code) if code is not None else ("host/api.py", docstring_example())
 
 
 def test_the_documented_example_runs():
@@ -48,8 +54,17 @@ def test_the_documented_example_runs():
     assert float(lines[2]) > 1000                    # the modelled ones
     assert lines[-1].endswith("ms per token, projected")
     if source == "README.md":                        # the README quotes the docstring exactly
-        import host.api
-        assert code.strip() in textwrap.dedent(host.api.__doc__), "README and host/api.py differ"
+        assert code.strip() == docstring_example().strip(), "README.md and host/api.py differ"
+
+
+def test_readme_example_is_taken_from_its_section():
+    """Once README.md has the section's ```python block, the test runs that block (the first
+    one under the heading, not one elsewhere), and requires it to equal the docstring's."""
+    code = docstring_example()
+    text = ("# x\n\n```python\nprint('elsewhere')\n```\n\n## Python API\n\nWords.\n\n```python\n"
+            + code + "```\n\n```python\nprint('second')\n```\n\n## Next\n\n```python\nno\n```\n")
+    assert readme_example(text) == code
+    assert readme_example("## Python API\n\nPYTHON-API-PLACEHOLDER\n\n## Next\n```python\nx\n```\n") is None
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,8 @@ class _Once(argparse.Action):
     last value without a word."""
 
     def __call__(self, parser, namespace, values, option_string=None):
+        if values == "" and self.dest not in ("prompt", "prompt_ids"):     # those say it themselves
+            parser.error(f"{option_string}: empty; allowed: {_what(self.metavar)}")
         seen = namespace.__dict__.setdefault("_given", {})
         if self.dest in seen:
             first = f"{seen[self.dest]} {_show(getattr(namespace, self.dest))}"
@@ -66,6 +68,15 @@ class _Once(argparse.Action):
                          f"{_show(values)}); allowed: once")
         seen[self.dest] = option_string
         setattr(namespace, self.dest, values)
+
+
+def _what(metavar):
+    """What an option's metavar stands for, in words."""
+    m = metavar or ""
+    if m.startswith("FILE."):
+        return f"a file name ending in {m[4:]}"
+    return {"FILE": "a file name", "DIR": "a folder", "SHAPE": "a GPT-2 size or a model's path",
+            "IDS": "comma-separated token ids"}.get(m, "a value")
 
 
 def _show(v):
@@ -302,7 +313,8 @@ def cmd_emit(args):
     for t in tops or ():
         if t not in TOPS:
             raise UserError(f"--top: got {t!r}; allowed: {', '.join(TOPS)}")
-    out = check_out_dir(args.out or _default_out(args.config), "--out", output_names(tops))
+    out = check_out_dir(args.out if args.out is not None else _default_out(args.config), "--out",
+                        output_names(tops))
     with _progress(f"emit {cfg.name}", len(tops or TOPS)) as p:
         written = emit(cfg, out, tops=tops, progress=p)
     for top, path in written.items():
@@ -643,7 +655,8 @@ def cmd_package(args):
 
     from .files import check_out_dir
     cfg = _load(args.config)
-    out = check_out_dir(args.out or _default_out(args.config) / "vitis", "--out", FILES)
+    out = check_out_dir(args.out if args.out is not None else _default_out(args.config) / "vitis",
+                        "--out", FILES)
     with _progress(f"package {cfg.name}") as p:
         files = package(cfg, out, progress=p)
     for path in files.values():

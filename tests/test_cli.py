@@ -208,6 +208,19 @@ def _reached(*a, **k):
     raise AssertionError("the check came after the work started")
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["emit", "--config", TINY, "-o", ""], "-o: empty; allowed: a folder"),
+    (["run", "--dump-logits", ""], "--dump-logits: empty; allowed: a file name ending in .npy"),
+    (["run", "--config", ""], "--config: empty"),
+    (["run", "--model", ""], "--model: empty"),
+    (["perf", "--config", TINY, "--model-shape", ""], "--model-shape: empty"),
+    (["collective", "--config", TINY, "--op", "allgather", "--elements", "4", "--save", ""], "--save: empty"),
+])
+def test_an_empty_value_is_not_taken_as_absent(argv, needle, capsys):
+    """`-o ''` used to fall back to the default folder, `--dump-logits ''` to no dump."""
+    one_line_error(capsys, *argv, needle=needle)
+
+
 def test_iss_json_has_no_cycles_pretending_to_be_measured(capsys):
     """The ISS counts no cycles: the cycle figures are null, and the performance model's
     figures are there under modelled_* keys, labelled as such."""

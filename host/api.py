@@ -68,11 +68,12 @@ def _config(config, flag="--config"):
 
 
 def _progress(progress, what):
+    """(progress object, whether this call owns it and must close it)."""
     if progress is None or progress is False:
-        return quiet()
+        return quiet(), False
     if progress is True:
-        return Progress(what)
-    return progress
+        return Progress(what), True
+    return progress, False
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,9 @@ class Stream:
     """Iterating yields :class:`Token` as each is chosen; afterwards ``result`` holds the
     :class:`Result` (None until the iteration has finished)."""
 
-    def __init__(self, app, gen, prompt_ids):
+    def __init__(self, app, gen, prompt_ids, progress=None):
         self._app, self._gen, self._prompt_ids = app, gen, prompt_ids
+        self._progress = progress            # closed at the end when the stream owns it
         self.result = None
 
     @property
@@ -136,14 +138,18 @@ class Stream:
     def __iter__(self):
         tok, gen = self._app.tokenizer, self._gen
         printed = ""
-        for t in gen:
-            last = len(gen.tokens) >= gen.max_new_tokens or t in gen.eos
-            text = tok.decode(gen.tokens)
-            if text.endswith("\ufffd") and not last:      # a multi-byte character not finished
-                yield Token(t, "")
-                continue
-            delta, printed = text[len(printed):], text
-            yield Token(t, delta)
+        try:
+            for t in gen:
+                last = len(gen.tokens) >= gen.max_new_tokens or t in gen.eos
+                text = tok.decode(gen.tokens)
+                if text.endswith("\ufffd") and not last:      # a multi-byte character not finished
+                    yield Token(t, "")
+                    continue
+                delta, printed = text[len(printed):], text
+                yield Token(t, delta)
+        finally:
+            if self._progress is not None:
+                self._progress.close()
         self.result = self._app._result(gen, self._prompt_ids)
 
 
@@ -197,7 +203,9 @@ class Appliance:
         check_backend(self.config, backend, self.cards, xclbin=xclbin)
         self.xclbin = xclbin
         self.timeout = check_timeout(timeout)
-        self.progress = _progress(progress, f"gptfpga {backend}")
+        self._progress_arg = progress          # True: a Progress on stderr per job, closed after it
+        self.progress = progress if isinstance(progress, Progress) else quiet()
+        self._progress_now = None
         if isinstance(model, Gpt2):
             self._model, self.model_dir = model, None
             self.shape = model.shape
@@ -221,7 +229,7 @@ class Appliance:
         """The checked :class:`host.model.Gpt2` (loaded on first use)."""
         if self._model is None:
             from .model import load_checkpoint
-            self.progress.note(f"loading {self.model_dir}")
+            (self._progress_now or self.progress).note(f"loading {self.model_dir}")
             self._model = load_checkpoint(self.model_dir)
         return self._model
 
@@ -232,8 +240,17 @@ class Appliance:
         generation; call it yourself to pay that cost up front."""
         if self._cards is None:
             from .runtime import make_cards
-            self._cards = make_cards(self.config, self.model, self.backend, self.cards,
-                                     xclbin=self.xclbin, progress=self.progress)
+            p, own = _progress(self._progress_arg, f"gptfpga {self.backend}: preparing")
+            p = p if own else self.progress
+            try:
+                self._progress_now = p
+                model = self.model
+                self._cards = make_cards(self.config, model, self.backend, self.cards,
+                                         xclbin=self.xclbin, progress=p)
+            finally:
+                self._progress_now = None
+                if own:
+                    p.close()
         return self
 
     # -- generation ----------------------------------------------------------------------------
@@ -274,10 +291,14 @@ class Appliance:
         from .runtime import Generation
         ids, sampling, flag = self._request(prompt, prompt_ids, new_tokens, temperature, top_k, seed)
         self.prepare()
+        p, own = _progress(self._progress_arg, f"gptfpga {self.backend}")
+        p = p if own else self.progress
         gen = Generation(self.config, self._cards, ids, new_tokens, sampling=sampling,
                          eos=self.model.eos_ids, timeout_s=self.timeout, keep_logits=keep_logits,
-                         progress=self.progress, prompt_flag=flag)
-        return Stream(self, gen, ids)
+                         progress=p, prompt_flag=flag)
+        if own:
+            p.total = gen.steps()
+        return Stream(self, gen, ids, p if own else None)
 
     @_user_errors
     def generate(self, prompt=None, *, prompt_ids=None, new_tokens=32, temperature=0.0, top_k=None,

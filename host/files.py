@@ -72,8 +72,9 @@ def check_out_dir(path, flag, names=()):
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{_name(flag, path)}: cannot create the folder ({e.strerror})") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise UserError(f"{_name(flag, path)}: the folder is not writable")
+    why = _unwritable(path)
+    if why:
+        raise UserError(f"{_name(flag, path)}: the folder is not writable ({why})")
     for name in names:
         if (path / name).is_dir():
             raise UserError(f"{_name(flag, path)}: {name} there is a folder; allowed: a folder in "
@@ -94,11 +95,24 @@ def check_out_file(path, flag, suffix=None):
     parent = path.parent
     if not parent.is_dir():
         raise UserError(f"{_name(flag, path)}: the folder {str(parent)!r} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"{_name(flag, path)}: the folder {str(parent)!r} is not writable")
+    why = _unwritable(parent)
+    if why:
+        raise UserError(f"{_name(flag, path)}: the folder {str(parent)!r} is not writable ({why})")
     if path.exists() and not os.access(path, os.W_OK):
         raise UserError(f"{_name(flag, path)}: the file exists and is read-only")
     return path
+
+
+def _unwritable(folder):
+    """Why a file cannot be made in ``folder`` (None if it can): tried, not guessed from the
+    permission bits (root passes os.access on /proc, and a read-only mount has rw bits)."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".gptfpga-probe.", dir=folder)
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    _remove(tmp)
+    return None
 
 
 def _umask():

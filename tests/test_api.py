@@ -102,6 +102,22 @@ def test_stream_yields_the_same_tokens_and_text(app):
     assert other.tokens != again.tokens
 
 
+def test_progress_true_reports_and_stops(capfd):
+    """progress=True: the preparation and the generation report on stderr, and each report is
+    closed after its job (no ticker thread left running, nothing more written)."""
+    import threading
+    import time
+    a = Appliance(config=TINY, cards=1, progress=True)
+    r = a.generate(prompt_ids=[1, 2], new_tokens=2)
+    assert len(r.tokens) == 2
+    time.sleep(1.2)
+    assert not [t for t in threading.enumerate() if t.name == "progress" and t.is_alive()]
+    err = capfd.readouterr().err
+    assert "gptfpga iss: preparing: (loading " in err and "(compiling for 1 card)" in err, err
+    assert "gptfpga iss: [" in err and "(prefill, positions 0..1 of 2)" in err, err
+    assert capfd.readouterr().err == ""
+
+
 def test_model_object_without_tokenizer():
     from host.model import Gpt2Shape, random_gpt2
     m = random_gpt2(Gpt2Shape(2, 2, 64, 100, 32), np.random.default_rng(0))

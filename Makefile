@@ -8,7 +8,8 @@
 #   make synth [CONFIG=]  Yosys resource estimate (UltraScale+) of the config's card
 #   make package [CONFIG=] the card as a Vitis RTL kernel under build/<config>/vitis/
 #   make run   [CONFIG=]  generate 32 tokens with the demo model on the Verilated cards
-#   make bench            performance figures (JSON in build/bench/, tables on stdout, plot in docs/)
+#   make bench            every figure of the README: JSON in docs/bench/, tables on stdout, plots in
+#                         docs/, then the README's figure tables regenerated from the JSON (gen.docs)
 
 CONFIG ?= configs/tiny.yaml
 NAME    = $(basename $(notdir $(CONFIG)))
@@ -54,6 +55,11 @@ bench: setup
 	$(GPTFPGA) bench core --config configs/medium.yaml
 	$(GPTFPGA) bench collective --config configs/tiny.yaml
 	$(GPTFPGA) bench run --config configs/tiny.yaml
+	$(GPTFPGA) synth --config configs/u280x4.yaml
+	cp build/synth/card-u280x4.json docs/bench/synth-card-u280x4.json
+	$(GPTFPGA) synth --arith
+	cp build/synth/arith.json docs/bench/synth-arith.json
+	$(PY) -m gen.docs
 
 package: setup
 	$(GPTFPGA) package --config $(CONFIG)

@@ -34,10 +34,10 @@ import numpy as np
 
 from gen.config import ApplianceConfig, ConfigError, load_config
 
-from .errors import UserError
+from .errors import CardError, UserError
 from .progress import Progress, quiet
 
-__all__ = ["Appliance", "Result", "Stream", "Token", "perf", "UserError", "DEFAULT_CONFIG"]
+__all__ = ["Appliance", "Result", "Stream", "Token", "perf", "UserError", "CardError", "DEFAULT_CONFIG"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -179,7 +179,7 @@ class Appliance:
     xclbin : str or pathlib.Path, optional
         The xclbin to load; with ``backend="xrt"`` only, and required there.
     timeout : float
-        Wall-clock seconds one step (a program on the cards) may take; then UserError.
+        Wall-clock seconds one step (a program on the cards) may take; then CardError.
     progress : bool or host.progress.Progress
         Report compilation, builds and steps on stderr (True), through the given object, or
         not at all (False, the default).
@@ -189,6 +189,9 @@ class Appliance:
     UserError
         For anything that cannot be used; ``str()`` is one line naming the argument by its
         command-line flag (``--cards``), the value and what is allowed.
+    CardError
+        From ``generate`` and ``stream``: a card stopped with an error status, or a step did
+        not finish within ``timeout``.
     """
 
     @_user_errors

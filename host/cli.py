@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .errors import UserError
+from .errors import CardError, UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -410,7 +410,7 @@ def cmd_bench(args):
         raise UserError(f"--config: bench {args.what} needs a config")
     else:
         cfg = _load(args.config)
-    out = check_out_dir(ROOT / "build" / "bench", "bench")
+    out = check_out_dir(ROOT / "docs" / "bench", "bench")     # the figures of record (gen.docs)
     what = f"bench {args.what}" + (f" {cfg.name}" if cfg else "")
     with _progress(what) as p:
         def log(msg):
@@ -667,7 +667,8 @@ def cmd_package(args):
 # -- entry point ---------------------------------------------------------------------------------
 def main(argv=None):
     """The console script: returns the exit code (0, 1 for a failed check such as lint
-    warnings, 2 for a mistake in what was asked, 130 for Ctrl-C)."""
+    warnings or a card that stopped with an error, 2 for a mistake in what was asked, 130 for
+    Ctrl-C)."""
     try:
         return _main(argv)
     except KeyboardInterrupt:
@@ -683,6 +684,9 @@ def _main(argv):
         return args.func(args)
     except (ConfigError, UserError) as e:
         return _fail(_as_typed(str(e), args))
+    except CardError as e:
+        print(f"gptfpga: card error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return _interrupted()
     except BrokenPipeError:

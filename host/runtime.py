@@ -7,7 +7,6 @@ program: load it, start, wait with a timeout, read the counters and the last pos
 logits.
 """
 
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -15,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import UserError
+from .errors import CardError, UserError
 from .progress import quiet
 
 __all__ = ["Sampling", "GenStats", "Generation", "generate", "check_request", "check_backend",
-           "check_timeout", "make_device", "make_cards", "Cards", "eos_id", "DEMO_MODEL", "BACKENDS"]
+           "check_timeout", "make_device", "make_cards", "Cards", "DEMO_MODEL", "BACKENDS"]
 
 DEMO_MODEL = Path(__file__).resolve().parent / "demo"
 BACKENDS = ("iss", "rtl", "xrt")
@@ -139,18 +138,6 @@ def make_device(cfg, backend, *, xclbin=None, lib=None):
     raise UserError(f"--backend: got {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
-def eos_id(model_dir):
-    """The end-of-text id of a model directory's config.json (the first, if it lists several),
-    or None. Prefer ``Gpt2.eos_ids`` of the loaded checkpoint: it is checked."""
-    try:
-        c = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    v = c.get("eos_token_id")
-    v = v[0] if isinstance(v, list) and v else v
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 class Cards:
     """A model compiled for N cards (one CompiledModel per card) on their devices: one card
     alone, or a ring (``ring``: the ISS's IssRing or the Verilated RtlAppliance) whose COLLs
@@ -177,13 +164,13 @@ class Cards:
                 self.ring.run(progs, [cm.prog_addr for cm in self.cms], timeout_s=timeout_s)
                 counters = [dev.counters() for dev in self.devices]
         except DeviceTimeout:
-            raise UserError(f"device: the step at position {pos0} did not finish within "
+            raise CardError(f"device: the step at position {pos0} did not finish within "
                             f"{timeout_s:g} s (--timeout)") from None
         except DeviceError as e:
-            raise UserError(f"device: {e}") from None
+            raise CardError(f"device: {e}") from None
         for k, c in enumerate(counters):
             if c["status"] & 0xFF:
-                raise UserError(f"device: card {k}: the step at position {pos0} stopped with status "
+                raise CardError(f"device: card {k}: the step at position {pos0} stopped with status "
                                 f"{status_name(c['status'])} (pc {c['status'] >> 8})")
         total = {k: sum(c[k] for c in counters) for k in counters[0]}
         total["cycles"] = max(c["cycles"] for c in counters)

@@ -411,6 +411,24 @@ def test_collective_save_layout(op, elements, cards, dtype, bidi, tmp_path, caps
     assert np.isnan(y[mask]).all()
 
 
+# -- a card that fails is not a user's mistake ---------------------------------------------------
+def test_card_error_is_exit_1_and_one_line(capsys, monkeypatch):
+    """A card that stops with an error status during a step (here the ISS's step made to report
+    one): one line naming the card, the position and the status, exit code 1, not 2."""
+    from host.device import Device
+
+    def failing(self, *a, **k):
+        c = {name: 0 for name in ("cycles", "hbm_rd_bytes", "hbm_wr_bytes", "link_tx_bytes")}
+        c["status"] = (7 << 8) | 10               # TIMEOUT at pc 7
+        return c
+    monkeypatch.setattr(Device, "run", failing)
+    rc, out, err = run_main(capsys, "run", "--cards", "1", "--new-tokens", "2")
+    lines = err.strip().splitlines()
+    assert rc == 1, (rc, err)
+    assert lines[-1].startswith("gptfpga: card error: device: card 0: "), err
+    assert "TIMEOUT (pc 7)" in lines[-1] and "Traceback" not in err
+
+
 # -- Ctrl-C -------------------------------------------------------------------------------------
 def test_ctrl_c_in_process_is_130_and_one_line(tmp_path, capsys, monkeypatch):
     """KeyboardInterrupt while the logits are being written: exit 130, one line, and no file

@@ -313,17 +313,17 @@ def test_collective_cli_through_the_card(card_lib, tmp_path):
     assert fig["ok"] and fig["retransmissions"] > 0
     z = np.load(save)
     x = z["inputs"]
-    nb16 = -(-70000 // 16) * 16
+    assert z["outputs"].shape == (2, 2 * 70000)           # the user's layout: blocks back to back
     for i in range(2):
-        for j in range(2):
-            blk = z["outputs"][i, j * nb16:j * nb16 + 70000]
-            assert np.array_equal(blk.view(np.uint32), x[j].view(np.uint32)), (i, j)
+        assert np.array_equal(z["outputs"][i].view(np.uint32), x.reshape(-1).view(np.uint32)), i
     proc = cli("--op", "reducescatter", "--elements", "5000", "--cards", "3", "--bidirectional", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["ok"]
     dead = cli("--op", "allreduce", "--elements", "1000", "--drop", "1.0")
     assert dead.returncode == 1
-    assert len(dead.stderr.strip().splitlines()) == 1 and "RING_ERROR" in dead.stderr
+    # one line for the failure (after the progress lines a run this long prints in a log)
+    errors = [ln for ln in dead.stderr.strip().splitlines() if not ln.startswith("collective allreduce: ")]
+    assert len(errors) == 1 and "RING_ERROR" in errors[0] and "Traceback" not in dead.stderr
     fp16 = cli("--op", "allreduce", "--elements", "10", "--dtype", "fp16")
     assert fp16.returncode == 2 and "--dtype: got fp16" in fp16.stderr
 

@@ -225,16 +225,16 @@ def test_cli_bad_input(args, needle):
 
 @pytest.mark.rtl
 def test_device_timeout(demo):
-    """A card that does not finish (its HBM starved to a trickle): a one-line UserError naming
+    """A card that does not finish (its HBM starved to a trickle): a one-line CardError naming
     the position and the timeout, raised after the wall-clock timeout, not a hang."""
     import time
 
-    from host.errors import UserError
+    from host.errors import CardError
     from sim.system import RtlDevice
     cfg, model, tok = demo
     dev = RtlDevice(cfg, bytes_per_cycle=0.01)
     t0 = time.monotonic()
-    with pytest.raises(UserError, match=r"did not finish within 0.5 s"):
+    with pytest.raises(CardError, match=r"did not finish within 0.5 s"):
         generate(cfg, CompiledModel(cfg, model), dev, tok.encode(PROMPT), 2, timeout_s=0.5)
     assert time.monotonic() - t0 < 120
 

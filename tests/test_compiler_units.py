@@ -338,3 +338,14 @@ def test_compiled_model_uses_the_isa_limits():
     for tokens, pos in ((cm.T, 0), (1, 40)):
         mv = [i for i in map(decode, cm.step([1] * tokens, pos)) if i.op == "MATVEC"]
         assert mv and all(i.group * i.tokens <= ACC_DEPTH for i in mv)
+
+
+@pytest.mark.parametrize("kw", [{"max_tokens": 0}, {"max_tokens": 9}, {"param_areas": 3}])
+def test_out_of_range_step_options_are_refused(kw):
+    """More tokens per step than MATVEC.tokens holds (or a parameter-area count other than 1
+    or 2) is refused, not compiled into programs the card rejects."""
+    from host.model import load_checkpoint
+    from host.runtime import DEMO_MODEL
+    tiny = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml")
+    with pytest.raises(ValueError, match=next(iter(kw))):
+        CompiledModel(tiny, load_checkpoint(DEMO_MODEL), **kw)

@@ -110,6 +110,10 @@ def candidates(*, max_tokens=None, param_areas=None):
     off every decode step's critical path; more tokens per step buy prefill little, there is
     no weight reuse yet); then the most tokens per step, at most MAX_TOKENS. ``max_tokens``
     and ``param_areas`` fix those where given."""
+    if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
+        raise ValueError(f"max_tokens: got {max_tokens}; allowed 1..{MAX_TOKENS} (MATVEC.tokens)")
+    if param_areas is not None and param_areas not in (1, 2):
+        raise ValueError(f"param_areas: got {param_areas}; allowed 1 or 2")
     return [Candidate(a, T, s) for s in (True, False) for a in ([param_areas] if param_areas else [2, 1])
             for T in ([max_tokens] if max_tokens else range(MAX_TOKENS, 0, -1))]
 

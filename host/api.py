@@ -413,7 +413,7 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
     cfg = cfg.replace(cards=cards, clock_mhz=clock_mhz or cfg.clock_mhz)
     costs = StepCosts(cfg, shape, cards)
     r = predict(cfg, shape, cards=cards, prompt=prompt_tokens, new_tokens=new_tokens, costs=costs)
-    from sim.bench import recorded_calibration
+    from .perf import recorded_calibration
     cal = recorded_calibration() or {}
     out = {"config": cfg.name, "model_shape": name, **r,
            "calibration_error": cal.get("calibration_error"),

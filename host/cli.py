@@ -393,6 +393,7 @@ def cmd_bench(args):
     from sim import bench
 
     from .files import atomic_write, check_out_dir, check_out_file
+    from .perf import CALIBRATION
     if args.what not in ("core",) and args.positions is not None:
         raise UserError(f"--positions: only for bench core, not bench {args.what}")
     if args.positions is not None and args.positions < 1:
@@ -423,10 +424,10 @@ def cmd_bench(args):
             table = bench.run_table(result)
         elif args.what == "calibrate":
             result = bench.calibrate_perf(log=log, progress=p)
-            atomic_write(bench.CALIBRATION, json.dumps(result, indent=1) + "\n")
+            atomic_write(CALIBRATION, json.dumps(result, indent=1) + "\n")
             table = (f"performance model vs RTL: largest error {result['calibration_error']:.1%} over "
                      f"{len(result['steps'])} steps; collectives {result['collective_error']:.1%}\n"
-                     f"wrote {bench.CALIBRATION}")
+                     f"wrote {CALIBRATION.relative_to(ROOT)}")
         elif args.what == "perf":
             result = bench.bench_perf(cfg, log=log, progress=p)
             table = bench.perf_table(result) + "\n\n" + bench.what_if_table(result)

@@ -32,14 +32,26 @@ FIFO depth) is one of the few fixed overheads in ``Overheads``; `gptfpga bench c
 card and the collective engine) and records the errors in docs/perf-calibration.json.
 """
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from hw.isa import BINARY_VOPS, REDUCE_VOPS, UNIT_OF, VOP_BY_CODE, VOPS, decode
 
-__all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "DFX"]
+__all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "DFX",
+           "CALIBRATION", "recorded_calibration"]
+
+# The model against the RTL: `gptfpga bench calibrate` (sim.bench.calibrate_perf) writes it.
+CALIBRATION = Path(__file__).resolve().parent.parent / "docs" / "perf-calibration.json"
+
+
+def recorded_calibration():
+    """The last calibration's result (docs/perf-calibration.json), or None."""
+    return json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else None
+
 
 # Pipeline latencies of the arithmetic units (hw/arith; tests/test_perf.py checks them).
 ADD_LAT, MUL_LAT, MAX_LAT, CVT_LAT = 6, 4, 1, 2

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from host.perf import recorded_calibration
 from host.progress import quiet
 from hw.isa import encode
 
@@ -375,13 +376,6 @@ def run_table(result):
 
 
 # -- the performance model ----------------------------------------------------------------------
-CALIBRATION = ROOT / "docs" / "perf-calibration.json"
-
-
-def recorded_calibration():
-    """The last `gptfpga bench calibrate` result (docs/perf-calibration.json), or None."""
-    return json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else None
-
 
 def _calibration_cases():
     """(name, config, model factory, steps): the runs the model is held to. Each step is

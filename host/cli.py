@@ -23,6 +23,7 @@ DEFAULT_CONFIG = ROOT / "configs" / "tiny.yaml"
 DESCRIPTION = ("gptfpga: generate, simulate and drive multi-FPGA GPT-2 decoding appliances. "
                "Every subcommand takes the appliance config as --config FILE; "
                "gptfpga <subcommand> -h lists its options and their defaults.")
+SYNTH_OUT = ROOT / "build" / "synth"     # synth's reports and its cache of per-unit figures
 INTERRUPTED = 130            # 128 + SIGINT, as a shell reports a job ended by Ctrl-C
 
 
@@ -264,7 +265,8 @@ def build_parser():
     _config_arg(sy, required=False)
     sy.set_defaults(config=None)
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
-    sy.add_argument("--unit", action="append", help="with --arith: only this unit (repeatable)")
+    sy.add_argument("--unit", action="append",
+                    help="with --arith: only this unit (repeatable); printed, arith.json left as it is")
     return p
 
 
@@ -359,7 +361,7 @@ def cmd_synth(args):
     from gen.synth import arith_table, arith_units, card_table, card_units, synth_arith, synth_card
 
     from .files import atomic_write
-    out = ROOT / "build" / "synth"
+    out = SYNTH_OUT
     if args.config:
         if args.arith or args.unit:
             raise UserError("synth: --config estimates the card; --arith and --unit are for the "
@@ -380,9 +382,11 @@ def cmd_synth(args):
             raise UserError(f"--unit: got {n!r}; allowed: {', '.join(arith_units())}")
     with _progress("synth --arith", len(names or arith_units())) as p:
         results = synth_arith(out / "arith", names, log=lambda m: p.log(m, file=sys.stdout), progress=p)
+    print(arith_table(results), end="")
+    if names:       # a few units: printed; arith.json stays the whole table of a full run
+        return 0
     atomic_write(out / "arith.json", json.dumps(results, indent=1) + "\n")
     atomic_write(out / "arith.md", arith_table(results))
-    print(arith_table(results), end="")
     print(f"wrote {out / 'arith.json'} and {out / 'arith.md'}")
     return 0
 

@@ -411,6 +411,22 @@ def test_collective_save_layout(op, elements, cards, dtype, bidi, tmp_path, caps
     assert np.isnan(y[mask]).all()
 
 
+def test_synth_unit_leaves_the_whole_table_alone(tmp_path, capsys, monkeypatch):
+    """`synth --arith --unit X` prints X's figures and leaves arith.json (the table of a full
+    run) as it was; a full `--arith` writes it. Yosys replaced by canned figures."""
+    import gen.synth
+    fig = {"latency": 1, "LUT": 39, "FF": 13, "DSP": 0, "CARRY": 3, "SRL": 0}
+    monkeypatch.setattr(gen.synth, "synth_arith",
+                        lambda out, names, **k: {n: fig for n in (names or gen.synth.arith_units())})
+    monkeypatch.setattr(cli, "SYNTH_OUT", tmp_path)
+    rc, out, err = run_main(capsys, "synth", "--arith")
+    table = tmp_path / "arith.json"
+    whole = table.read_text()
+    assert rc == 0 and set(json.loads(whole)) == set(gen.synth.arith_units())
+    rc, out, err = run_main(capsys, "synth", "--arith", "--unit", "int8_to_fp16")
+    assert rc == 0 and "int8_to_fp16" in out and table.read_text() == whole
+
+
 # -- a card that fails is not a user's mistake ---------------------------------------------------
 def test_card_error_is_exit_1_and_one_line(capsys, monkeypatch):
     """A card that stops with an error status during a step (here the ISS's step made to report

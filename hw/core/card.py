@@ -13,7 +13,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from hw import regs
 from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature
@@ -25,14 +25,14 @@ from hw.isa import ERROR_CODES
 from .cmds import StoreCmd
 from .coll import CollUnit
 from .ctrl import Control
-from .dma import STORE_QUEUE, DmaRead, DmaWrite
+from .dma import RUN_BITS, STORE_QUEUE, DmaRead, DmaWrite
 from .fetch import Fetch
 from .issue import Issue
 from .mpu import Mpu
 from .vpu import Vpu
 from .vsp import Vsp
 
-__all__ = ["Card"]
+__all__ = ["Card", "hbm_reader_params"]
 
 WATCHDOG = 1 << 20
 
@@ -44,6 +44,15 @@ def _wire(m, outer, inner, sig):
             m.d.comb += getattr(outer, name).eq(getattr(inner, name))
         else:
             m.d.comb += getattr(inner, name).eq(getattr(outer, name))
+
+
+def hbm_reader_params(cfg):
+    """The parameters of the card's HBM channel readers (``hw.dma.reader.AxiBurstReader``):
+    ``gen/tops.py`` emits the same reader alone."""
+    beat_shift = (cfg.hbm_beat_bytes - 1).bit_length()
+    return dict(data_bits=cfg.hbm.data_bits, beat_addr_bits=cfg.hbm_addr_bits - beat_shift,
+                len_bits=RUN_BITS, max_burst=cfg.hbm.max_burst_beats,
+                max_outstanding=cfg.hbm.max_outstanding)
 
 
 class Card(wiring.Component):
@@ -76,94 +85,52 @@ class Card(wiring.Component):
         self.ring = cfg.ring_links
         if self.ring:
             beat = stream.Signature(Beat(cfg.link.data_bits))
-            members.update({"r_tx": Out(beat), "r_rx": wiring.In(beat), "l_tx": Out(beat),
-                            "l_rx": wiring.In(beat)})
+            members.update({"r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat),
+                            "l_rx": In(beat)})
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
         cfg, c = self.cfg, self.cfg.core
-        C, P = self.C, c.vector_lanes
-        beat_shift = (cfg.hbm_beat_bytes - 1).bit_length()
-
+        C, P, rows = self.C, c.vector_lanes, self.vsp_rows
         m.submodules.ctrl = ctrl = Control(C)
         m.submodules.fetch = fetch = Fetch()
         m.submodules.issue = issue = Issue(cfg)
-        m.submodules.dma_rd = dma_rd = DmaRead(
-            channels=C, data_bits=self.DB, beat_addr_bits=cfg.hbm_addr_bits - beat_shift,
-            max_burst=cfg.hbm.max_burst_beats, max_outstanding=cfg.hbm.max_outstanding,
-            vector_lanes=P, vsp_rows=self.vsp_rows)
+        m.submodules.dma_rd = dma_rd = DmaRead(channels=C, vector_lanes=P, vsp_rows=rows,
+                                               **hbm_reader_params(cfg))
+        # STOREs through a queue: issue goes on while the store engine finishes the last one
+        # (its writes' responses), as LOADs and WLOADs do behind the read DMA's queue.
+        m.submodules.store_q = store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
         m.submodules.dma_wr = dma_wr = DmaWrite(
-            channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=self.vsp_rows,
+            channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=rows,
             max_outstanding=cfg.hbm.max_outstanding)
+        m.submodules.wfifo = wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
+                                                      depth=c.weight_fifo_tiles)
         m.submodules.mpu = mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
-                                     vsp_rows=self.vsp_rows, xb_words=c.xb_words)
-        m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=self.vsp_rows, xb_words=c.xb_words,
+                                     vsp_rows=rows, xb_words=c.xb_words)
+        m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
                                      width=c.width, red_max=cfg.reduce_max)
         ring = ["coll"] if self.ring else []
         m.submodules.vsp = vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
                                      readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,
                                      writers=["vpu", "mpu", "load"] + ring)
-        if self.ring:
-            m.submodules.coll = coll = CollUnit(cfg, timeout=self.watchdog // 2)
-            wiring.connect(m, issue.q_coll, coll.cmd)
-            m.d.comb += [issue.done_coll.eq(coll.done), issue.coll_err.eq(coll.err),
-                         issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(ctrl.card)]
-            wiring.connect(m, coll.rd, vsp.r_coll)
-            wiring.connect(m, coll.wr, vsp.w_coll)
-            wiring.connect(m, coll.r_tx, wiring.flipped(self.r_tx))
-            wiring.connect(m, wiring.flipped(self.r_rx), coll.r_rx)
-            wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
-            wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
-        m.d.comb += issue.card_reg.eq(ctrl.card)
-        m.submodules.wfifo = wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
-                                                      depth=c.weight_fifo_tiles)
-        xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
-        m.submodules.xb = xb
+        m.submodules.xb = xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
+        coll = self._collective(m, ctrl, issue, vsp) if self.ring else None
 
-        # -- host interface ---------------------------------------------------------------
+        # Host interface: control registers, the program's fetch.
         wiring.connect(m, wiring.flipped(self.s_axi_control), ctrl.axi)
         m.d.comb += self.interrupt.eq(ctrl.interrupt)
         _wire(m, self.m_axi_insn, fetch.axi, Axi4ReadSignature(addr_bits=64, data_bits=128))
         m.d.comb += [fetch.start.eq(ctrl.start), fetch.stop.eq(~issue.running | issue.stopping),
                      fetch.prog_addr.eq(ctrl.prog_addr), fetch.insn_ptr.eq(ctrl.insn_ptr),
                      fetch.prog_len.eq(ctrl.prog_len)]
-        rsig = Axi4ReadSignature(addr_bits=64, data_bits=self.DB)
-        wsig = Axi4WriteSignature(addr_bits=64, data_bits=self.DB)
-        if self.ring:
-            # COLL with hbm: the collective unit's beats share each channel with the DMAs
-            m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
-                                                  data_bits=coll.D, run=coll.run)
-            wiring.connect(m, coll.hrd, hb.rd)
-            wiring.connect(m, coll.hwr, hb.wr)
-            m.d.comb += coll.hw_idle.eq(hb.w_idle)
-        hbm_err = Const(0, 1)
-        for k in range(C):
-            port = getattr(self, f"m_axi_hbm{k}")
-            rd, wr = dma_rd.readers[k].axi, getattr(dma_wr, f"axi_{k}")
-            if self.ring:
-                rmux, wmux = AxiReadMux(rsig), AxiWriteMux(wsig)
-                m.submodules[f"rmux{k}"], m.submodules[f"wmux{k}"] = rmux, wmux
-                wiring.connect(m, rd, rmux.m0)
-                wiring.connect(m, getattr(hb, f"axi_r_{k}"), rmux.m1)
-                wiring.connect(m, wr, wmux.m0)
-                wiring.connect(m, getattr(hb, f"axi_w_{k}"), wmux.m1)
-                rd, wr = rmux.s, wmux.s
-                m.d.comb += getattr(hb, f"ptr_{k}").eq(getattr(ctrl, f"hbm_ptr_{k}"))
-                hbm_err = hb.err
-            _wire(m, port, rd, rsig)
-            _wire(m, port, wr, wsig)
-            ptr = getattr(ctrl, f"hbm_ptr_{k}")
-            m.d.comb += [getattr(dma_rd, f"ptr_{k}").eq(ptr), getattr(dma_wr, f"ptr_{k}").eq(ptr)]
+        hbm_err = self._hbm_channels(m, ctrl, dma_rd, dma_wr, coll)
 
-        # -- issue to the units -----------------------------------------------------------------
+        # Issue to the units.
         wiring.connect(m, fetch.out, issue.insn)
         m.d.comb += [issue.exhausted.eq(fetch.exhausted), issue.start.eq(ctrl.start),
-                     issue.misaligned.eq(ctrl.prog_addr[0:4] != 0)]
+                     issue.misaligned.eq(ctrl.prog_addr[0:4] != 0), issue.card_reg.eq(ctrl.card)]
         wiring.connect(m, issue.q_dma_rd, dma_rd.cmd)
-        # STOREs through a queue: issue goes on while the store engine finishes the last one
-        # (its writes' responses), as LOADs and WLOADs do behind the read DMA's queue.
-        m.submodules.store_q = store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
         m.d.comb += [store_q.w_en.eq(issue.q_dma_wr.valid), store_q.w_data.eq(issue.q_dma_wr.payload),
                      issue.q_dma_wr.ready.eq(store_q.w_rdy),
                      dma_wr.cmd.valid.eq(store_q.r_rdy), dma_wr.cmd.payload.eq(store_q.r_data),
@@ -173,55 +140,110 @@ class Card(wiring.Component):
         m.d.comb += [issue.done_dma_rd.eq(dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
                      issue.done_mpu.eq(mpu.done), issue.done_vpu.eq(vpu.done)]
 
-        # -- data paths ------------------------------------------------------------------------
+        # Data paths: weight tiles, the VSP's ports, XB (VPU writes, MPU reads).
         wiring.connect(m, dma_rd.tiles, wfifo.w_stream)
         wiring.connect(m, wfifo.r_stream, mpu.tiles)
         m.d.comb += mpu.discard.eq(issue.stopping)
-        wiring.connect(m, vpu.r_a, vsp.r_vpu_a)
-        wiring.connect(m, vpu.r_b, vsp.r_vpu_b)
-        wiring.connect(m, vpu.w, vsp.w_vpu)
-        wiring.connect(m, mpu.r_bias, vsp.r_mpu)
-        wiring.connect(m, mpu.w_out, vsp.w_mpu)
-        wiring.connect(m, dma_rd.w, vsp.w_load)
-        wiring.connect(m, dma_wr.r, vsp.r_store)
+        for unit, port, vsp_port in ((vpu, "r_a", "r_vpu_a"), (vpu, "r_b", "r_vpu_b"),
+                                     (vpu, "w", "w_vpu"), (mpu, "r_bias", "r_mpu"),
+                                     (mpu, "w_out", "w_mpu"), (dma_rd, "w", "w_load"),
+                                     (dma_wr, "r", "r_store")):
+            wiring.connect(m, getattr(unit, port), getattr(vsp, vsp_port))
         xw = xb.write_port(granularity=16)
         xr = xb.read_port(transparent_for=())
         m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
                      xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
                      xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
 
-        # -- stop, watchdog, counters ------------------------------------------------------------
-        coll_busy = coll.busy if self.ring else Const(0, 1)
-        quiet = ~(dma_rd.busy | dma_wr.busy | store_q.r_rdy | mpu.busy | vpu.busy | (wfifo.level != 0)
-                  | fetch.busy | coll_busy)
-        m.d.comb += issue.quiet.eq(quiet)
-        m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err | hbm_err)
-        progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
-                    | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
-                    | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)
-                    | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready)
-                    | (coll.progress if self.ring else Const(0, 1)))
-        idle_count = Signal(range(self.watchdog + 1))
-        timeout = Signal()
-        running = issue.running
-        with m.If(ctrl.start | progress | ~running):
-            m.d.sync += idle_count.eq(0)
-        with m.Elif(idle_count != self.watchdog):
-            m.d.sync += idle_count.eq(idle_count + 1)
-        m.d.comb += timeout.eq(running & (idle_count == self.watchdog))
-        done_pulse = issue.finish | timeout
-        status = Signal(32)
-        m.d.comb += status.eq(issue.status)
-        timed_out = Signal()
-        with m.If(ctrl.start):
-            m.d.sync += timed_out.eq(0)
-        with m.If(timeout):
-            m.d.sync += timed_out.eq(1)
-        m.d.comb += ctrl.done.eq(done_pulse & ~timed_out)
-        m.d.comb += ctrl.status.eq(Mux(timed_out, Cat(Const(ERROR_CODES["TIMEOUT"], 8), status[8:32]),
-                                       status))
+        # Stop, watchdog, counters.
+        m.submodules.watchdog = wd = Watchdog(cycles=self.watchdog)
+        zero = Const(0, 1)
+        m.d.comb += [
+            issue.quiet.eq(~(dma_rd.busy | dma_wr.busy | store_q.r_rdy | mpu.busy | vpu.busy
+                             | (wfifo.level != 0) | fetch.busy | (coll.busy if coll else zero))),
+            issue.axi_err.eq(dma_rd.err | dma_wr.err | hbm_err),
+            wd.start.eq(ctrl.start), wd.running.eq(issue.running), wd.finish.eq(issue.finish),
+            wd.status_in.eq(issue.status), ctrl.done.eq(wd.done), ctrl.status.eq(wd.status),
+            wd.progress.eq(issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done
+                           | dma_rd.stripe | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
+                           | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)
+                           | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready)
+                           | (coll.progress if coll else zero)),
+        ]
+        live = wd.live
+        self._counters(m, ctrl, {
+            "cycles": live, "mpu_busy": live & mpu.busy, "vpu_busy": live & vpu.busy,
+            "dma_rd_busy": live & dma_rd.busy, "dma_wr_busy": live & dma_wr.busy,
+            "hbm_rd_bytes": (dma_rd.stripe, cfg.stripe_bytes),
+            "hbm_wr_bytes": (dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2)),
+            "issue_stall": live & issue.stall, "mpu_starve": live & mpu.starve,
+            **self._link_counts(coll), "insns": issue.retired,
+        })
+        return m
 
-        def count(name, cond, amount=1):
+    def _collective(self, m, ctrl, issue, vsp):
+        """The collective unit: COLLs from issue, a VSP port each way, the ring links."""
+        m.submodules.coll = coll = CollUnit(self.cfg, timeout=self.watchdog // 2)
+        wiring.connect(m, issue.q_coll, coll.cmd)
+        m.d.comb += [issue.done_coll.eq(coll.done), issue.coll_err.eq(coll.err),
+                     issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(ctrl.card)]
+        wiring.connect(m, coll.rd, vsp.r_coll)
+        wiring.connect(m, coll.wr, vsp.w_coll)
+        wiring.connect(m, coll.r_tx, wiring.flipped(self.r_tx))
+        wiring.connect(m, wiring.flipped(self.r_rx), coll.r_rx)
+        wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
+        wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
+        return coll
+
+    def _hbm_channels(self, m, ctrl, dma_rd, dma_wr, coll):
+        """Each m_axi_hbm<k>: the read and the store DMA's channel k, shared with the collective
+        unit's HBM beats (COLL with hbm) through AXI multiplexers when there is one. Returns
+        the beats' error flag (0 without)."""
+        C = self.C
+        rsig = Axi4ReadSignature(addr_bits=64, data_bits=self.DB)
+        wsig = Axi4WriteSignature(addr_bits=64, data_bits=self.DB)
+        hbm_err = Const(0, 1)
+        if coll is not None:
+            m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
+                                                  data_bits=coll.D, run=coll.run)
+            wiring.connect(m, coll.hrd, hb.rd)
+            wiring.connect(m, coll.hwr, hb.wr)
+            m.d.comb += coll.hw_idle.eq(hb.w_idle)
+            hbm_err = hb.err
+        for k in range(C):
+            port, ptr = getattr(self, f"m_axi_hbm{k}"), getattr(ctrl, f"hbm_ptr_{k}")
+            rd, wr = dma_rd.axi[k], dma_wr.axi[k]
+            if coll is not None:
+                rmux, wmux = AxiReadMux(rsig), AxiWriteMux(wsig)
+                m.submodules[f"rmux{k}"], m.submodules[f"wmux{k}"] = rmux, wmux
+                wiring.connect(m, rd, rmux.m0)
+                wiring.connect(m, getattr(hb, f"axi_r_{k}"), rmux.m1)
+                wiring.connect(m, wr, wmux.m0)
+                wiring.connect(m, getattr(hb, f"axi_w_{k}"), wmux.m1)
+                rd, wr = rmux.s, wmux.s
+                m.d.comb += getattr(hb, f"ptr_{k}").eq(ptr)
+            _wire(m, port, rd, rsig)
+            _wire(m, port, wr, wsig)
+            m.d.comb += [dma_rd.ptr[k].eq(ptr), dma_wr.ptr[k].eq(ptr)]
+        return hbm_err
+
+    def _link_counts(self, coll):
+        """The link counters' (event, amount): the collective unit's, or none."""
+        if coll is None:
+            return {name: Const(0, 1) for name in
+                    ("link_tx_bytes", "link_rx_bytes", "link_retx", "link_crc_errors")}
+        beat_bytes = self.cfg.link.data_bits // 8
+        return {"link_tx_bytes": (coll.tx_beats != 0, coll.tx_beats * beat_bytes),
+                "link_rx_bytes": (coll.rx_beats != 0, coll.rx_beats * beat_bytes),
+                "link_retx": (coll.retx != 0, coll.retx),
+                "link_crc_errors": (coll.crc_error != 0, coll.crc_error)}
+
+    @staticmethod
+    def _counters(m, ctrl, events):
+        """The 64-bit counters of ``events`` {name: condition, or (condition, amount)} into
+        the control block's registers of those names, cleared at ap_start."""
+        for name, ev in events.items():
+            cond, amount = ev if isinstance(ev, tuple) else (ev, 1)
             reg = Signal(64, name=f"cnt_{name}")
             with m.If(ctrl.start):
                 m.d.sync += reg.eq(0)
@@ -229,25 +251,62 @@ class Card(wiring.Component):
                 m.d.sync += reg.eq(reg + amount)
             m.d.comb += getattr(ctrl, name).eq(reg)
 
-        live = running & ~timed_out
-        count("cycles", live)
-        count("mpu_busy", live & mpu.busy)
-        count("vpu_busy", live & vpu.busy)
-        count("dma_rd_busy", live & dma_rd.busy)
-        count("dma_wr_busy", live & dma_wr.busy)
-        count("hbm_rd_bytes", dma_rd.stripe, cfg.stripe_bytes)
-        count("hbm_wr_bytes", dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2))
-        count("issue_stall", live & issue.stall)
-        count("mpu_starve", live & mpu.starve)
-        beat_bytes = cfg.link.data_bits // 8
-        if self.ring:
-            count("link_tx_bytes", coll.tx_beats != 0, coll.tx_beats * beat_bytes)
-            count("link_rx_bytes", coll.rx_beats != 0, coll.rx_beats * beat_bytes)
-            count("link_retx", coll.retx != 0, coll.retx)
-            count("link_crc_errors", coll.crc_error != 0, coll.crc_error)
-        else:
-            for name in ("link_tx_bytes", "link_rx_bytes", "link_retx", "link_crc_errors"):
-                count(name, Const(0, 1))
-        count("insns", issue.retired)
-        return m
 
+class Watchdog(wiring.Component):
+    """TIMEOUT for a run that makes no progress: ``cycles`` cycles of a running kernel without
+    any unit's progress end it with the TIMEOUT status (after which it needs a reset).
+
+    Parameters
+    ----------
+    cycles : int
+
+    Members
+    -------
+    start : ``In(1)``; running : ``In(1)``
+        A run starts; it runs (issue is running or stopping).
+    progress : ``In(1)``
+        Some unit made progress this cycle.
+    finish : ``In(1)``; status_in : ``In(32)``
+        The issue stage's end of the run, and its status.
+    done : ``Out(1)``
+        The run ends (ap_done): finished, or timed out (one pulse, not again at a late finish).
+    status : ``Out(32)``
+        The issue stage's, with the TIMEOUT code once timed out.
+    live : ``Out(1)``
+        Running and not timed out (the counters count then).
+    """
+
+    start: In(1)
+    running: In(1)
+    progress: In(1)
+    finish: In(1)
+    status_in: In(32)
+    done: Out(1)
+    status: Out(32)
+    live: Out(1)
+
+    def __init__(self, *, cycles):
+        self._cycles = cycles
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        idle_count = Signal(range(self._cycles + 1))
+        timeout = Signal()
+        timed_out = Signal()
+        with m.If(self.start | self.progress | ~self.running):
+            m.d.sync += idle_count.eq(0)
+        with m.Elif(idle_count != self._cycles):
+            m.d.sync += idle_count.eq(idle_count + 1)
+        m.d.comb += timeout.eq(self.running & (idle_count == self._cycles))
+        with m.If(self.start):
+            m.d.sync += timed_out.eq(0)
+        with m.If(timeout):
+            m.d.sync += timed_out.eq(1)
+        m.d.comb += [
+            self.done.eq((self.finish | timeout) & ~timed_out),
+            self.status.eq(Mux(timed_out, Cat(Const(ERROR_CODES["TIMEOUT"], 8),
+                                              self.status_in[8:32]), self.status_in)),
+            self.live.eq(self.running & ~timed_out),
+        ]
+        return m

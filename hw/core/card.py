@@ -9,6 +9,8 @@
     r_tx/r_rx, l_tx/l_rx  <- CollUnit (COLL on the ring node; only when the config has cards > 1)
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
@@ -93,113 +95,126 @@ class Card(wiring.Component):
         m = Module()
         cfg, c = self.cfg, self.cfg.core
         C, P, rows = self.C, c.vector_lanes, self.vsp_rows
-        m.submodules.ctrl = ctrl = Control(C)
-        m.submodules.fetch = fetch = Fetch()
-        m.submodules.issue = issue = Issue(cfg)
-        m.submodules.dma_rd = dma_rd = DmaRead(channels=C, vector_lanes=P, vsp_rows=rows,
-                                               **hbm_reader_params(cfg))
+        u = SimpleNamespace()           # the blocks, for the wiring below
+        m.submodules.ctrl = u.ctrl = Control(C)
+        m.submodules.fetch = u.fetch = Fetch()
+        m.submodules.issue = u.issue = Issue(cfg)
+        m.submodules.dma_rd = u.dma_rd = DmaRead(channels=C, vector_lanes=P, vsp_rows=rows,
+                                                 **hbm_reader_params(cfg))
         # STOREs through a queue: issue goes on while the store engine finishes the last one
         # (its writes' responses), as LOADs and WLOADs do behind the read DMA's queue.
-        m.submodules.store_q = store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
-        m.submodules.dma_wr = dma_wr = DmaWrite(
+        m.submodules.store_q = u.store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
+        m.submodules.dma_wr = u.dma_wr = DmaWrite(
             channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=rows,
             max_outstanding=cfg.hbm.max_outstanding)
-        m.submodules.wfifo = wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
-                                                      depth=c.weight_fifo_tiles)
-        m.submodules.mpu = mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
-                                     vsp_rows=rows, xb_words=c.xb_words)
-        m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
-                                     width=c.width, red_max=cfg.reduce_max)
+        m.submodules.wfifo = u.wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
+                                                        depth=c.weight_fifo_tiles)
+        m.submodules.mpu = u.mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
+                                       vsp_rows=rows, xb_words=c.xb_words)
+        m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
+                                       width=c.width, red_max=cfg.reduce_max)
         ring = ["coll"] if self.ring else []
-        m.submodules.vsp = vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
-                                     readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,
-                                     writers=["vpu", "mpu", "load"] + ring)
-        m.submodules.xb = xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
-        coll = self._collective(m, ctrl, issue, vsp) if self.ring else None
+        m.submodules.vsp = u.vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
+                                       readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,
+                                       writers=["vpu", "mpu", "load"] + ring)
+        m.submodules.xb = u.xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
+        m.submodules.watchdog = u.wd = Watchdog(cycles=self.watchdog)
+        u.coll = self._collective(m, u) if self.ring else None
 
-        # Host interface: control registers, the program's fetch.
-        wiring.connect(m, wiring.flipped(self.s_axi_control), ctrl.axi)
-        m.d.comb += self.interrupt.eq(ctrl.interrupt)
-        _wire(m, self.m_axi_insn, fetch.axi, Axi4ReadSignature(addr_bits=64, data_bits=128))
-        m.d.comb += [fetch.start.eq(ctrl.start), fetch.stop.eq(~issue.running | issue.stopping),
-                     fetch.prog_addr.eq(ctrl.prog_addr), fetch.insn_ptr.eq(ctrl.insn_ptr),
-                     fetch.prog_len.eq(ctrl.prog_len)]
-        hbm_err = self._hbm_channels(m, ctrl, dma_rd, dma_wr, coll)
-
-        # Issue to the units.
-        wiring.connect(m, fetch.out, issue.insn)
-        m.d.comb += [issue.exhausted.eq(fetch.exhausted), issue.start.eq(ctrl.start),
-                     issue.misaligned.eq(ctrl.prog_addr[0:4] != 0), issue.card_reg.eq(ctrl.card)]
-        wiring.connect(m, issue.q_dma_rd, dma_rd.cmd)
-        m.d.comb += [store_q.w_en.eq(issue.q_dma_wr.valid), store_q.w_data.eq(issue.q_dma_wr.payload),
-                     issue.q_dma_wr.ready.eq(store_q.w_rdy),
-                     dma_wr.cmd.valid.eq(store_q.r_rdy), dma_wr.cmd.payload.eq(store_q.r_data),
-                     store_q.r_en.eq(dma_wr.cmd.ready)]
-        wiring.connect(m, issue.q_mpu, mpu.cmd)
-        wiring.connect(m, issue.q_vpu, vpu.cmd)
-        m.d.comb += [issue.done_dma_rd.eq(dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
-                     issue.done_mpu.eq(mpu.done), issue.done_vpu.eq(vpu.done)]
-
-        # Data paths: weight tiles, the VSP's ports, XB (VPU writes, MPU reads).
-        wiring.connect(m, dma_rd.tiles, wfifo.w_stream)
-        wiring.connect(m, wfifo.r_stream, mpu.tiles)
-        m.d.comb += mpu.discard.eq(issue.stopping)
-        for unit, port, vsp_port in ((vpu, "r_a", "r_vpu_a"), (vpu, "r_b", "r_vpu_b"),
-                                     (vpu, "w", "w_vpu"), (mpu, "r_bias", "r_mpu"),
-                                     (mpu, "w_out", "w_mpu"), (dma_rd, "w", "w_load"),
-                                     (dma_wr, "r", "r_store")):
-            wiring.connect(m, getattr(unit, port), getattr(vsp, vsp_port))
-        xw = xb.write_port(granularity=16)
-        xr = xb.read_port(transparent_for=())
-        m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
-                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
-                     xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
-
-        # Stop, watchdog, counters.
-        m.submodules.watchdog = wd = Watchdog(cycles=self.watchdog)
-        zero = Const(0, 1)
-        m.d.comb += [
-            issue.quiet.eq(~(dma_rd.busy | dma_wr.busy | store_q.r_rdy | mpu.busy | vpu.busy
-                             | (wfifo.level != 0) | fetch.busy | (coll.busy if coll else zero))),
-            issue.axi_err.eq(dma_rd.err | dma_wr.err | hbm_err),
-            wd.start.eq(ctrl.start), wd.running.eq(issue.running), wd.finish.eq(issue.finish),
-            wd.status_in.eq(issue.status), ctrl.done.eq(wd.done), ctrl.status.eq(wd.status),
-            wd.progress.eq(issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done
-                           | dma_rd.stripe | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
-                           | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)
-                           | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready)
-                           | (coll.progress if coll else zero)),
-        ]
-        live = wd.live
-        self._counters(m, ctrl, {
-            "cycles": live, "mpu_busy": live & mpu.busy, "vpu_busy": live & vpu.busy,
-            "dma_rd_busy": live & dma_rd.busy, "dma_wr_busy": live & dma_wr.busy,
-            "hbm_rd_bytes": (dma_rd.stripe, cfg.stripe_bytes),
-            "hbm_wr_bytes": (dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2)),
-            "issue_stall": live & issue.stall, "mpu_starve": live & mpu.starve,
-            **self._link_counts(coll), "insns": issue.retired,
-        })
+        # Host interface: control registers, the program's fetch; HBM.
+        wiring.connect(m, wiring.flipped(self.s_axi_control), u.ctrl.axi)
+        m.d.comb += self.interrupt.eq(u.ctrl.interrupt)
+        _wire(m, self.m_axi_insn, u.fetch.axi, Axi4ReadSignature(addr_bits=64, data_bits=128))
+        m.d.comb += [u.fetch.start.eq(u.ctrl.start),
+                     u.fetch.stop.eq(~u.issue.running | u.issue.stopping),
+                     u.fetch.prog_addr.eq(u.ctrl.prog_addr), u.fetch.insn_ptr.eq(u.ctrl.insn_ptr),
+                     u.fetch.prog_len.eq(u.ctrl.prog_len)]
+        hbm_err = self._hbm_channels(m, u)
+        self._issue_queues(m, u)
+        m.d.comb += u.issue.axi_err.eq(u.dma_rd.err | u.dma_wr.err | hbm_err)
+        self._data_paths(m, u)
+        self._status(m, u)
         return m
 
-    def _collective(self, m, ctrl, issue, vsp):
+    def _collective(self, m, u):
         """The collective unit: COLLs from issue, a VSP port each way, the ring links."""
         m.submodules.coll = coll = CollUnit(self.cfg, timeout=self.watchdog // 2)
-        wiring.connect(m, issue.q_coll, coll.cmd)
-        m.d.comb += [issue.done_coll.eq(coll.done), issue.coll_err.eq(coll.err),
-                     issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(ctrl.card)]
-        wiring.connect(m, coll.rd, vsp.r_coll)
-        wiring.connect(m, coll.wr, vsp.w_coll)
+        wiring.connect(m, u.issue.q_coll, coll.cmd)
+        m.d.comb += [u.issue.done_coll.eq(coll.done), u.issue.coll_err.eq(coll.err),
+                     u.issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(u.ctrl.card)]
+        wiring.connect(m, coll.rd, u.vsp.r_coll)
+        wiring.connect(m, coll.wr, u.vsp.w_coll)
         wiring.connect(m, coll.r_tx, wiring.flipped(self.r_tx))
         wiring.connect(m, wiring.flipped(self.r_rx), coll.r_rx)
         wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
         wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
         return coll
 
-    def _hbm_channels(self, m, ctrl, dma_rd, dma_wr, coll):
+    @staticmethod
+    def _issue_queues(m, u):
+        """Instructions from fetch into issue, and from issue to the units and back (done)."""
+        issue, store_q, dma_wr = u.issue, u.store_q, u.dma_wr
+        wiring.connect(m, u.fetch.out, issue.insn)
+        m.d.comb += [issue.exhausted.eq(u.fetch.exhausted), issue.start.eq(u.ctrl.start),
+                     issue.misaligned.eq(u.ctrl.prog_addr[0:4] != 0),
+                     issue.card_reg.eq(u.ctrl.card)]
+        wiring.connect(m, issue.q_dma_rd, u.dma_rd.cmd)
+        m.d.comb += [store_q.w_en.eq(issue.q_dma_wr.valid), store_q.w_data.eq(issue.q_dma_wr.payload),
+                     issue.q_dma_wr.ready.eq(store_q.w_rdy),
+                     dma_wr.cmd.valid.eq(store_q.r_rdy), dma_wr.cmd.payload.eq(store_q.r_data),
+                     store_q.r_en.eq(dma_wr.cmd.ready)]
+        wiring.connect(m, issue.q_mpu, u.mpu.cmd)
+        wiring.connect(m, issue.q_vpu, u.vpu.cmd)
+        m.d.comb += [issue.done_dma_rd.eq(u.dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
+                     issue.done_mpu.eq(u.mpu.done), issue.done_vpu.eq(u.vpu.done)]
+
+    @staticmethod
+    def _data_paths(m, u):
+        """Weight tiles (read DMA -> weight FIFO -> MPU), the VSP's ports, XB (VPU -> MPU)."""
+        vpu, mpu, vsp = u.vpu, u.mpu, u.vsp
+        wiring.connect(m, u.dma_rd.tiles, u.wfifo.w_stream)
+        wiring.connect(m, u.wfifo.r_stream, mpu.tiles)
+        m.d.comb += mpu.discard.eq(u.issue.stopping)
+        for port, vsp_port in ((vpu.r_a, vsp.r_vpu_a), (vpu.r_b, vsp.r_vpu_b), (vpu.w, vsp.w_vpu),
+                               (mpu.r_bias, vsp.r_mpu), (mpu.w_out, vsp.w_mpu),
+                               (u.dma_rd.w, vsp.w_load), (u.dma_wr.r, vsp.r_store)):
+            wiring.connect(m, port, vsp_port)
+        xw = u.xb.write_port(granularity=16)
+        xr = u.xb.read_port(transparent_for=())
+        m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
+                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
+                     xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
+
+    def _status(self, m, u):
+        """The stop (every unit quiet), the watchdog (no unit's progress), the counters."""
+        issue, dma_rd, dma_wr, mpu, vpu, wfifo = u.issue, u.dma_rd, u.dma_wr, u.mpu, u.vpu, u.wfifo
+        zero = Const(0, 1)
+        busy = (dma_rd.busy | dma_wr.busy | u.store_q.r_rdy | mpu.busy | vpu.busy
+                | (wfifo.level != 0) | u.fetch.busy | (u.coll.busy if u.coll else zero))
+        progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
+                    | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
+                    | (u.vsp.w_vpu.req.valid & u.vsp.w_vpu.req.ready)
+                    | (u.vsp.w_mpu.req.valid & u.vsp.w_mpu.req.ready)
+                    | (u.coll.progress if u.coll else zero))
+        m.d.comb += [issue.quiet.eq(~busy), u.wd.progress.eq(progress),
+                     u.wd.start.eq(u.ctrl.start), u.wd.running.eq(issue.running),
+                     u.wd.finish.eq(issue.finish), u.wd.status_in.eq(issue.status),
+                     u.ctrl.done.eq(u.wd.done), u.ctrl.status.eq(u.wd.status)]
+        live = u.wd.live
+        self._counters(m, u.ctrl, {
+            "cycles": live, "mpu_busy": live & mpu.busy, "vpu_busy": live & vpu.busy,
+            "dma_rd_busy": live & dma_rd.busy, "dma_wr_busy": live & dma_wr.busy,
+            "hbm_rd_bytes": (dma_rd.stripe, self.cfg.stripe_bytes),
+            "hbm_wr_bytes": (dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2)),
+            "issue_stall": live & issue.stall, "mpu_starve": live & mpu.starve,
+            **self._link_counts(u.coll), "insns": issue.retired,
+        })
+
+    def _hbm_channels(self, m, u):
         """Each m_axi_hbm<k>: the read and the store DMA's channel k, shared with the collective
         unit's HBM beats (COLL with hbm) through AXI multiplexers when there is one. Returns
         the beats' error flag (0 without)."""
-        C = self.C
+        C, ctrl, dma_rd, dma_wr, coll = self.C, u.ctrl, u.dma_rd, u.dma_wr, u.coll
         rsig = Axi4ReadSignature(addr_bits=64, data_bits=self.DB)
         wsig = Axi4WriteSignature(addr_bits=64, data_bits=self.DB)
         hbm_err = Const(0, 1)
@@ -274,6 +289,9 @@ class Watchdog(wiring.Component):
         The issue stage's, with the TIMEOUT code once timed out.
     live : ``Out(1)``
         Running and not timed out (the counters count then).
+
+    Timing: the idle count and the timed-out flag are registers; ``done`` and ``status`` are
+    combinational on them (TIMEOUT in the cycle the count reaches ``cycles``).
     """
 
     start: In(1)

@@ -20,7 +20,7 @@ from hw.isa import (
     VOPS,
 )
 
-from .cmds import PC_BITS, fields
+from .cmds import PC_BITS, MatvecCmd, fields, format_layout
 from .coll import ring_ok
 
 __all__ = ["Space", "Range", "KIND", "Decoded", "Decoder"]
@@ -41,8 +41,8 @@ KIND = {"NONE": 0, **OPCODES}
 
 Decoded = data.StructLayout({
     "kind": OPCODE_BITS, "err": 4, "pc": PC_BITS, "word": INSN_BITS,
-    "need": 28,             # MATVEC: tiles it claims
-    "add": 24,              # WLOAD: tiles it streams
+    "need": MatvecCmd["rb"].width + MatvecCmd["cb"].width,     # MATVEC: tiles it claims (rb cb)
+    "add": format_layout("WLOAD")["tiles"].width,              # WLOAD: tiles it streams
     "rd1": Range, "rd2": Range, "wr": Range, "wr2": Range,
 })
 

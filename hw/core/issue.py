@@ -20,14 +20,14 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.isa import ERROR_CODES, FORMATS, UNITS
+from hw.isa import ERROR_CODES, FORMATS, OPCODE_BITS, UNITS
 
 from .cmds import PC_BITS, CollCmd, DmaReadCmd, MatvecCmd, StoreCmd, VecCmd, fields
 from .decode import KIND, Decoded, Decoder
 from .fetch import FetchedInsn
 from .scoreboard import ENTRIES, UNIT_CODE, Scoreboard
 
-__all__ = ["Issue", "RunState", "ENTRIES"]
+__all__ = ["Issue", "RunState", "TileLedger", "ENTRIES"]
 
 E = ERROR_CODES
 
@@ -48,14 +48,19 @@ class RunState(wiring.Component):
     axi_err : ``In(1)``; coll_err : ``In(1)``; coll_err_pc : ``In(PC_BITS)``
         A data access's error response; the collective unit's error and the pc of its COLL
         (with ``ring`` only).
-    err : ``In(4)``; pc : ``In(PC_BITS)``
-        The error code (0: none) and pc of the instruction in stage I, ``valid`` if there is one.
-    valid : ``In(1)``; halt : ``In(1)``
-        It is a HALT and nothing is in flight: the run ends.
+    valid : ``In(1)``; err : ``In(4)``; pc : ``In(PC_BITS)``
+        An instruction is in stage I; its error code (0: none) and pc.
+    halt : ``In(1)``
+        It is a HALT and nothing is in flight: the run ends (status OK, its pc).
     overrun : ``In(1)``; next_pc : ``In(PC_BITS)``
-        Every instruction of the program delivered and none is a HALT.
+        Stage I is empty and every instruction of the program was delivered: PROGRAM_OVERRUN
+        at the pc after the last.
     quiet : ``In(1)``
         Every unit idle and nothing in flight: a stop can complete.
+
+    The first of a data access's error, the collective unit's, the instruction's and the HALT
+    stops a run; while stopping, a data access's or the collective unit's error still replaces
+    an OK status.
     running, stopping : ``Out(1)``
         (registered) issue may go on; issue has stopped and the run is finishing.
     status : ``Out(32)``
@@ -115,6 +120,54 @@ class RunState(wiring.Component):
         return m
 
 
+class TileLedger(wiring.Component):
+    """The weight stream's account: tiles streamed by issued WLOADs and not yet claimed by
+    issued MATVECs, and the ISA's rules on it (docs/isa.md), checked identically by the ISS.
+
+    Parameters
+    ----------
+    fifo_depth : int
+        The weight FIFO's tiles.
+
+    Members
+    -------
+    kind : ``In(OPCODE_BITS)``; add : ``In(...)``; need : ``In(...)``
+        The instruction in stage I (``Decoded``): its kind, the tiles a WLOAD streams, the
+        tiles a MATVEC claims.
+    err : ``Out(4)``
+        WEIGHT_OVERFLOW (a WLOAD beyond the FIFO), WEIGHT_UNDERFLOW (a MATVEC claiming tiles
+        not streamed yet), WEIGHT_LEFTOVER (a HALT with tiles unclaimed), else 0
+        (combinational).
+    issue : ``In(1)``
+        The instruction issues (the account moves from the next cycle on).
+    clear : ``In(1)``
+        A run starts: the account is empty.
+    """
+
+    def __init__(self, *, fifo_depth):
+        self._depth = fifo_depth
+        super().__init__({
+            "kind": In(OPCODE_BITS), "add": In(Decoded["add"].width),
+            "need": In(Decoded["need"].width), "err": Out(4), "issue": In(1), "clear": In(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        avail = Signal(32)           # tiles streamed by WLOADs and not claimed by MATVECs
+        kind = self.kind
+        m.d.comb += self.err.eq(
+            Mux((kind == KIND["WLOAD"]) & (avail + self.add > self._depth), E["WEIGHT_OVERFLOW"],
+            Mux((kind == KIND["MATVEC"]) & (self.need > avail), E["WEIGHT_UNDERFLOW"],
+            Mux((kind == KIND["HALT"]) & (avail != 0), E["WEIGHT_LEFTOVER"], 0))))
+        with m.If(self.issue & (kind == KIND["WLOAD"])):
+            m.d.sync += avail.eq(avail + self.add)
+        with m.If(self.issue & (kind == KIND["MATVEC"])):
+            m.d.sync += avail.eq(avail - self.need)
+        with m.If(self.clear):
+            m.d.sync += avail.eq(0)
+        return m
+
+
 class Issue(wiring.Component):
     """The in-order issue stage of a card of ``cfg`` (an ApplianceConfig).
 
@@ -160,7 +213,7 @@ class Issue(wiring.Component):
         m.submodules.decoder = dec = Decoder(**self.decoder_params)
         m.submodules.board = board = Scoreboard(units=self.units)
         m.submodules.run = run = RunState(ring=self.ring)
-        queues = {u: getattr(self, f"q_{u}") for u in self.units}
+        m.submodules.tiles = tiles = TileLedger(fifo_depth=self.fifo_depth)
 
         # Stage D: decode into the stage register dq.
         dv = Signal()
@@ -175,15 +228,12 @@ class Issue(wiring.Component):
         with m.Elif(consume):
             m.d.sync += dv.eq(0)
 
-        # Stage I: the state's checks (tiles streamed and not claimed: avail), the scoreboard.
+        # Stage I: the state's checks (the weight stream's tiles), the scoreboard.
         kind = dq.kind
-        avail = Signal(32)
         err = Signal(4)
-        m.d.comb += err.eq(Mux(dq.err != 0, dq.err,
-                           Mux((kind == KIND["WLOAD"]) & (avail + dq.add > self.fifo_depth),
-                               E["WEIGHT_OVERFLOW"],
-                           Mux((kind == KIND["MATVEC"]) & (dq.need > avail), E["WEIGHT_UNDERFLOW"],
-                           Mux((kind == KIND["HALT"]) & (avail != 0), E["WEIGHT_LEFTOVER"], 0)))))
+        m.d.comb += [tiles.kind.eq(kind), tiles.add.eq(dq.add), tiles.need.eq(dq.need),
+                     tiles.clear.eq(self.start),
+                     err.eq(Mux(dq.err != 0, dq.err, tiles.err))]
         unit = Signal(range(len(UNITS)))
         with m.Switch(kind):
             for u in UNITS:
@@ -194,26 +244,16 @@ class Issue(wiring.Component):
                      board.done.eq(Cat(*[getattr(self, f"done_{u}") for u in self.units]))]
 
         # Dispatch (valid never depends on ready: `want` is everything but the queue's ready).
-        self._commands(m, dq)
-        q_ready = Signal()
-        for u, q in queues.items():
-            with m.If(unit == UNIT_CODE[u]):
-                m.d.comb += q_ready.eq(q.ready)
         dispatchable = kind.matches(*(f.opcode for f in FORMATS if f.unit != "ctrl"))
         ok = run.running & dv & (err == 0)
         want = Signal()
         go = Signal()
+        q_ready = self._dispatch(m, dq, unit, want)
         m.d.comb += [want.eq(ok & dispatchable & ~board.conflict & board.room),
-                     go.eq(want & q_ready), board.alloc.eq(go)]
-        for u, q in queues.items():
-            m.d.comb += q.valid.eq(want & (unit == UNIT_CODE[u]))
+                     go.eq(want & q_ready), board.alloc.eq(go), tiles.issue.eq(go)]
         m.d.comb += [consume.eq(go | (ok & (kind == KIND["FENCE"]) & board.empty)),
                      self.issued.eq(go), self.stall.eq(ok & ~consume),
                      self.retired.eq(consume | run.halted)]
-        with m.If(go & (kind == KIND["WLOAD"])):
-            m.d.sync += avail.eq(avail + dq.add)
-        with m.If(go & (kind == KIND["MATVEC"])):
-            m.d.sync += avail.eq(avail - dq.need)
 
         # Run and stop.
         m.d.comb += [
@@ -229,12 +269,19 @@ class Issue(wiring.Component):
             m.d.comb += [run.coll_err.eq(self.coll_err), run.coll_err_pc.eq(self.coll_err_pc)]
         with m.If(self.start):
             # A new run: nothing of the last one (e.g. its HALT) may stay in stage D.
-            m.d.sync += [avail.eq(0), dv.eq(0)]
+            m.d.sync += dv.eq(0)
         return m
 
-    def _commands(self, m, dq):
+    def _dispatch(self, m, dq, unit, want):
         """The unit commands: the instruction's fields as they are (hw/core/cmds.py), but the
-        read DMA's, which serves LOAD and WLOAD and carries the stripe rows to read."""
+        read DMA's, which serves LOAD and WLOAD and carries the stripe rows to read; ``want``
+        to the queue of ``unit``. Returns that queue's ready."""
+        q_ready = Signal()
+        for u in self.units:
+            q = getattr(self, f"q_{u}")
+            with m.If(unit == UNIT_CODE[u]):
+                m.d.comb += q_ready.eq(q.ready)
+            m.d.comb += q.valid.eq(want & (unit == UNIT_CODE[u]))
         w, wload = dq.word, dq.kind == KIND["WLOAD"]
         load, wl = fields(w, "LOAD"), fields(w, "WLOAD")
         sl = (self.S - 1).bit_length()
@@ -251,3 +298,4 @@ class Issue(wiring.Component):
         ]
         if self.ring:
             m.d.comb += self.q_coll.payload.eq(Cat(fields(w, "COLL"), dq.pc))
+        return q_ready

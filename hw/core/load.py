@@ -182,8 +182,8 @@ class LoadWriter(wiring.Component):
         words = []
         for j in range(P):
             h = Signal(16, name=f"ld_h{j}")
-            m.d.comb += h.eq(_word(held, 16, j, P, pos, elems // P))
-            words.append(Mux(cmd.f32, _word(held, 32, j, P, pos, elems // (2 * P)),
+            m.d.comb += h.eq(_lane(held, 16, j, P, pos))
+            words.append(Mux(cmd.f32, _lane(held, 32, j, P, pos),
                              fp16_to_fp32_comb(m, h, f"ld{j}")))
         mask = Signal(P)
         for j in range(P):
@@ -208,11 +208,12 @@ class LoadWriter(wiring.Component):
         return m
 
 
-def _word(row, bits, j, lanes, pos, rows):
-    """Word ``j`` of row ``pos`` (of ``rows``) of ``bits``-bit words, ``lanes`` words a row;
-    row 0's when ``pos`` is past the last."""
+
+
+def _lane(row, bits, j, lanes, pos):
+    """Lane ``j`` of VSP row ``pos`` of a stripe's ``bits``-bit words, ``lanes`` to a row (the
+    stripe's first word where ``pos`` is past its rows)."""
     sel = row[0:bits]
-    for q in range(rows):
+    for q in range(len(row) // (bits * lanes)):
         sel = Mux(pos == q, row[bits * (q * lanes + j):bits * (q * lanes + j + 1)], sel)
     return sel
-

@@ -2,13 +2,13 @@
 to the VSP a row of ``vector_lanes`` words at a time.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from .mpu_datapath import out_layout
-from .vsp import WritePort
+from .vsp import WritePort, word_select
 
 __all__ = ["OutWriter", "OUT_DEPTH", "OUT_CREDIT"]
 
@@ -40,6 +40,9 @@ class OutWriter(wiring.Component):
         Pulse as a MATVEC's last row (``end``) is written.
     busy : ``Out(1)``
         Rows claimed, queued or being written.
+
+    Timing: a row pushed in cycle t can be written from t + 1 (``SyncFIFOBuffered``), one VSP
+    row per granted cycle; ``credit`` is combinational on the FIFO's level and the claims.
     """
 
     def __init__(self, *, lanes, vector_lanes, row_bits):
@@ -67,13 +70,10 @@ class OutWriter(wiring.Component):
         # An entry is lpr VSP rows: row wsub of it is its words [wsub P, (wsub + 1) P).
         entry = layout(fifo.r_data)
         wsub = Signal(range(lpr + 1))
-        sub = entry.data[0:32 * P]
-        for k in range(1, lpr):
-            sub = Mux(wsub == k, entry.data[32 * P * k:32 * P * (k + 1)], sub)
         m.d.comb += [self.w.req.valid.eq(fifo.r_rdy),
                      self.w.req.payload.row.eq(entry.row + wsub),
                      self.w.req.payload.mask.eq((1 << P) - 1),
-                     self.w.req.payload.data.eq(sub)]
+                     self.w.req.payload.data.eq(word_select(entry.data, wsub, 32 * P, lpr))]
         with m.If(self.w.req.valid & self.w.req.ready):
             with m.If(wsub == lpr - 1):
                 m.d.sync += wsub.eq(0)

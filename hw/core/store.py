@@ -13,6 +13,7 @@ from hw.arith.units import Fp32ToFp16
 from hw.axi import Axi4WriteSignature, Burst
 
 from .cmds import StoreCmd
+from .vsp import word_select
 
 __all__ = ["Elem", "Beat", "StoreWalk", "BeatPacker", "BeatWriter"]
 
@@ -64,6 +65,10 @@ class StoreWalk(wiring.Component):
         An element enters the converter this cycle.
     idle : ``Out(1)``
         Every element of the STORE launched, none in the converter.
+
+    Timing: one element per cycle at most; ``launch`` is combinational (rows, credit), the
+    place registers move with it; ``o`` is the converter's output beside two registers of
+    metadata.
     """
 
     def __init__(self, *, lanes):
@@ -93,9 +98,7 @@ class StoreWalk(wiring.Component):
         in_conv = Signal(range(4))
         m.d.comb += self.launch.eq(self.active & (i < cmd.n) & self.rows.valid
                                    & ((self.queued + in_conv) < 5))
-        word = self.rows.payload[0:32]
-        for j in range(1, P):
-            word = Mux(lane == j, self.rows.payload[32 * j:32 * (j + 1)], word)
+        word = word_select(self.rows.payload, lane, 32, P)
         m.d.comb += conv.a.eq(word)
         with m.If(self.launch):
             m.d.sync += i.eq(i + 1)
@@ -232,6 +235,10 @@ class BeatWriter(wiring.Component):
         Sticky (cleared by reset only): a response other than OKAY, or with an ID never used.
     idle : ``Out(1)``
         No write awaits its response.
+
+    Timing: AW and W are valid combinationally on the FIFO's head (and the room); a beat is
+    taken in the cycle its second handshake completes (one beat per cycle at most);
+    ``outstanding`` and the sent flags are registers.
     """
 
     def __init__(self, *, channels, data_bits, max_outstanding):

@@ -3,7 +3,7 @@ the result picked by the instruction's unit type, and when that result comes out
 (hw/core/vpu.py).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -12,8 +12,7 @@ from hw.arith.special import Exp, Gelu, Recip, Rsqrt
 from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
 from hw.isa import VOPS
 
-__all__ = ["NEG_ZERO", "NEG_INF", "UNIT_TYPES", "TYPE_CODE", "VOP_TYPE", "lane_select",
-           "VpuLane", "VpuLanes"]
+__all__ = ["NEG_ZERO", "NEG_INF", "UNIT_TYPES", "TYPE_CODE", "VOP_TYPE", "VpuLane", "VpuLanes"]
 
 NEG_ZERO = 0x80000000
 NEG_INF = 0xFF800000
@@ -33,16 +32,6 @@ VOP_TYPE = {"ADD": "ADD", "SUB": "ADD", "MUL": "MUL", "MAX": "MAX", "MOV": "PASS
             "EXP": "EXP", "RECIP": "RECIP", "RSQRT": "RSQRT", "GELU": "GELU", "CVT16": "CVT",
             "REDSUM": "ADD", "REDMAX": "MAX"}
 assert set(VOP_TYPE) == set(VOPS), "every vector operation of hw/isa.py needs a unit type"
-
-
-def lane_select(row, lane, lanes):
-    """Word ``lane`` (a comb value or int) of a row of ``lanes`` fp32 words."""
-    if isinstance(lane, int):
-        return row[32 * lane:32 * (lane + 1)] if lane < lanes else Const(0, 32)
-    out = row[0:32]
-    for j in range(1, lanes):
-        out = Mux(lane == j, row[32 * j:32 * (j + 1)], out)
-    return out
 
 
 class VpuLane(wiring.Component):

@@ -11,9 +11,9 @@ from hw.isa import VOPS
 from hw.stream import ReadAhead
 
 from .cmds import VecCmd
-from .vpu_lanes import NEG_INF, NEG_ZERO, lane_select
+from .vpu_lanes import NEG_INF, NEG_ZERO
 from .vpu_seq import BMode, pass_layout
-from .vsp import ReadPort
+from .vsp import ReadPort, word_select
 
 __all__ = ["OperandFetch", "LaneFeed", "b_needed"]
 
@@ -183,7 +183,7 @@ class LaneFeed(wiring.Component):
                 # Fold: lane j meets lane j + fw/2 of the same row.
                 half = pas.fw >> 1
                 hi = Signal(32, name=f"hi{j}")
-                m.d.comb += hi.eq(lane_select(self.a.payload, j + half, P))
+                m.d.comb += hi.eq(word_select(self.a.payload, j + half, 32, P))
                 m.d.comb += [a_j.eq(av), b_j.eq(Mux(j < half, hi, ident))]
             with m.Elif(self.is_red):
                 m.d.comb += [a_j.eq(Mux(a_ok, av, ident)), b_j.eq(Mux(b_ok, bv, ident))]

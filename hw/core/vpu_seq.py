@@ -13,8 +13,8 @@ from amaranth.lib.wiring import In, Out
 from hw.isa import BINARY_VOPS, REDUCE_VOPS, VOPS
 
 from .cmds import VecCmd
-from .vpu_lanes import TYPE_CODE, VOP_TYPE, lane_select
-from .vsp import ReadPort
+from .vpu_lanes import TYPE_CODE, VOP_TYPE
+from .vsp import ReadPort, word_select
 
 __all__ = ["BMode", "Target", "pass_layout", "VpuSequencer"]
 
@@ -106,10 +106,9 @@ class VpuSequencer(wiring.Component):
             "done": Out(1), "busy": Out(1),
         })
 
-    def _start(self, m, **fields):
-        """Begin a pass with the given parameters (b_same is 0 unless given)."""
-        fields.setdefault("b_same", 0)
-        m.d.sync += [getattr(self.pas, k).eq(v) for k, v in fields.items()]
+    def _start(self, m, plan):
+        """Begin a pass with the parameters ``plan``."""
+        m.d.sync += [getattr(self.pas, k).eq(v) for k, v in plan.items()]
         m.d.sync += self.running.eq(1)
         m.d.comb += self.start.eq(1)
 
@@ -123,7 +122,6 @@ class VpuSequencer(wiring.Component):
         shift = (P - 1).bit_length()              # word address -> row
         lbits = max(1, (P - 1).bit_length())      # bits of a lane index
         c, vec, pas = self.cmd.payload, self.vec, self.pas
-        nrows_c = (c.n + (P - 1)) >> shift
         pass_done = self.running & self.drained
         rows_left = Signal(16)      # rows in the scratch after the last row pass
         bc_wait = Signal()          # broadcast word requested, data next
@@ -139,25 +137,14 @@ class VpuSequencer(wiring.Component):
                             with m.Case(V[name]):
                                 m.d.sync += self.utype.eq(TYPE_CODE[t])
                     with m.If(c.vop.matches(*REDUCE_VOPS)):
-                        # The first row-halving pass: VSP rows into the scratch.
-                        h = (nrows_c + 1) >> 1
-                        last = (h == 1) & (P == 1)
-                        self._start(m, a_vsp=1, a_base=c.src1 >> shift, b_mode=BMode.VSP,
-                                    b_base=c.src1 >> shift, b_off=h, in_rows=nrows_c, out_rows=h,
-                                    first=1, fold=0, fw=P, final=last,
-                                    target=Mux(last, Target.WORD, Target.SCRATCH))
-                        m.d.sync += rows_left.eq(h)
+                        plan = _first_halving(c, P)
+                        self._start(m, plan)
+                        m.d.sync += rows_left.eq(plan["out_rows"])
                         m.next = "RED"
                     with m.Elif(c.vop.matches(*BINARY_VOPS) & c.bcast):
                         m.next = "BCAST"
                     with m.Else():
-                        same = c.vop.matches(*BINARY_VOPS) & (c.src2 == c.src1)
-                        self._start(m, a_vsp=1, a_base=c.src1 >> shift, b_same=same,
-                                    b_mode=Mux(c.vop.matches(*BINARY_VOPS) & ~same, BMode.VSP,
-                                               BMode.NONE),
-                                    b_base=c.src2 >> shift, b_off=0, in_rows=nrows_c,
-                                    out_rows=nrows_c, first=0, fold=0, fw=P, final=0,
-                                    target=Mux(c.vop == V["CVT16"], Target.XB, Target.VSP))
+                        self._start(m, _elementwise(c, P))
                         m.next = "ELEM"
             with m.State("BCAST"):
                 # Read the broadcast word (its own request; the b FIFO is not involved), then
@@ -169,11 +156,8 @@ class VpuSequencer(wiring.Component):
                 with m.If(bc_wait & self.bc.resp.valid):
                     m.d.sync += bc_wait.eq(0)
                     lane = vec.src2[0:lbits] if P > 1 else Const(0, 1)
-                    m.d.sync += self.bval.eq(lane_select(self.bc.resp.payload, lane, P))
-                    nr = (vec.n + (P - 1)) >> shift
-                    self._start(m, a_vsp=1, a_base=vec.src1 >> shift, b_mode=BMode.BCAST, b_base=0,
-                                b_off=0, in_rows=nr, out_rows=nr, first=0, fold=0, fw=P, final=0,
-                                target=Target.VSP)
+                    m.d.sync += self.bval.eq(word_select(self.bc.resp.payload, lane, 32, P))
+                    self._start(m, _broadcast(vec, P))
                     m.next = "ELEM"
             with m.State("ELEM"):
                 with m.If(pass_done):
@@ -185,17 +169,60 @@ class VpuSequencer(wiring.Component):
                         self._finish(m)
                         m.next = "IDLE"
                     with m.Elif(rows_left > 1):
-                        # Another row-halving pass, scratch to scratch.
-                        h = (rows_left + 1) >> 1
-                        last = (h == 1) & (P == 1)
-                        self._start(m, a_vsp=0, a_base=0, b_mode=BMode.SCRATCH, b_base=0, b_off=h,
-                                    in_rows=rows_left, out_rows=h, first=0, fold=0, fw=P,
-                                    final=last, target=Mux(last, Target.WORD, Target.SCRATCH))
-                        m.d.sync += rows_left.eq(h)
+                        plan = _next_halving(rows_left, P)
+                        self._start(m, plan)
+                        m.d.sync += rows_left.eq(plan["out_rows"])
                     with m.Else():
-                        # Lane folds: width P, P/2, ..., 2.
-                        nfw = Mux(pas.fold, pas.fw >> 1, P)
-                        self._start(m, a_vsp=0, a_base=0, b_mode=BMode.NONE, b_base=0, b_off=0,
-                                    in_rows=1, out_rows=1, first=0, fold=1, fw=nfw, final=nfw == 2,
-                                    target=Mux(nfw == 2, Target.WORD, Target.SCRATCH))
+                        self._start(m, _fold(pas, P))
         return m
+
+
+# The passes' parameters (every field of the pass register).
+
+def _elementwise(c, P):
+    """One pass over the VSP rows of src1 (and src2), to dst (XB for CVT16)."""
+    shift = (P - 1).bit_length()
+    nrows = (c.n + (P - 1)) >> shift
+    binary = c.vop.matches(*BINARY_VOPS)
+    same = binary & (c.src2 == c.src1)
+    return dict(a_vsp=1, a_base=c.src1 >> shift, b_same=same,
+                b_mode=Mux(binary & ~same, BMode.VSP, BMode.NONE), b_base=c.src2 >> shift,
+                b_off=0, in_rows=nrows, out_rows=nrows, first=0, fold=0, fw=P, final=0,
+                target=Mux(c.vop == V["CVT16"], Target.XB, Target.VSP))
+
+
+def _broadcast(c, P):
+    """The elementwise pass with operand b the broadcast word."""
+    shift = (P - 1).bit_length()
+    nrows = (c.n + (P - 1)) >> shift
+    return dict(a_vsp=1, a_base=c.src1 >> shift, b_same=0, b_mode=BMode.BCAST, b_base=0, b_off=0,
+                in_rows=nrows, out_rows=nrows, first=0, fold=0, fw=P, final=0, target=Target.VSP)
+
+
+def _first_halving(c, P):
+    """A reduction's first pass: row i + h onto row i of src1's rows, into the scratch (or,
+    with one lane and one row left, the result)."""
+    shift = (P - 1).bit_length()
+    nrows = (c.n + (P - 1)) >> shift
+    h = (nrows + 1) >> 1
+    last = (h == 1) & (P == 1)
+    return dict(a_vsp=1, a_base=c.src1 >> shift, b_same=0, b_mode=BMode.VSP,
+                b_base=c.src1 >> shift, b_off=h, in_rows=nrows, out_rows=h, first=1, fold=0,
+                fw=P, final=last, target=Mux(last, Target.WORD, Target.SCRATCH))
+
+
+def _next_halving(rows, P):
+    """Another row-halving pass, scratch to scratch."""
+    h = (rows + 1) >> 1
+    last = (h == 1) & (P == 1)
+    return dict(a_vsp=0, a_base=0, b_same=0, b_mode=BMode.SCRATCH, b_base=0, b_off=h,
+                in_rows=rows, out_rows=h, first=0, fold=0, fw=P, final=last,
+                target=Mux(last, Target.WORD, Target.SCRATCH))
+
+
+def _fold(pas, P):
+    """The lane folds of the last row: width P, P/2, ..., 2 (the last writes the result)."""
+    fw = Mux(pas.fold, pas.fw >> 1, P)
+    return dict(a_vsp=0, a_base=0, b_same=0, b_mode=BMode.NONE, b_base=0, b_off=0, in_rows=1,
+                out_rows=1, first=0, fold=1, fw=fw, final=fw == 2,
+                target=Mux(fw == 2, Target.WORD, Target.SCRATCH))

@@ -12,7 +12,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.collective.node import CollNode, node_kwargs
-from hw.core.card import Card
+from hw.core.card import Card, hbm_reader_params
 from hw.dma.reader import AxiBurstReader
 
 __all__ = ["TOPS", "build_top", "reader_params", "VitisCard"]
@@ -67,15 +67,8 @@ class VitisCard(wiring.Component):
 
 
 def reader_params(cfg):
-    """AxiBurstReader parameters for one HBM channel of ``cfg``."""
-    beat_shift = (cfg.hbm_beat_bytes - 1).bit_length()
-    return dict(
-        data_bits=cfg.hbm.data_bits,
-        beat_addr_bits=cfg.hbm_addr_bits - beat_shift,
-        len_bits=cfg.hbm_addr_bits - beat_shift + 1,
-        max_burst=cfg.hbm.max_burst_beats,
-        max_outstanding=cfg.hbm.max_outstanding,
-    )
+    """AxiBurstReader parameters for one HBM channel of ``cfg``: the card's readers'."""
+    return hbm_reader_params(cfg)
 
 
 TOPS = {

@@ -4,9 +4,10 @@ of every memory-like read port (the vector scratchpad's, the collective engine's
 
 from amaranth.hdl import Module, Signal
 from amaranth.lib import stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["SkidBuffer", "ReadPort"]
+__all__ = ["SkidBuffer", "ReadPort", "ReadAhead"]
 
 
 class ReadPort(wiring.Signature):
@@ -70,4 +71,57 @@ class SkidBuffer(wiring.Component):
         with m.Elif(self.i.valid & ~skid_full):
             # Output stalled while a beat arrives: park it in the skid register.
             m.d.sync += [held.eq(self.i.payload), skid_full.eq(1)]
+        return m
+
+
+class ReadAhead(wiring.Component):
+    """A FIFO that a unit reads rows into ahead of use, with a credit for the read in flight.
+
+    The owner issues at most one read per cycle, each answered one cycle later (the VSP's
+    ports, the scratch's); ``room`` says another read may go out: the FIFO's entries plus the
+    read in flight are below ``limit``, so that every answer finds a free entry
+    (``depth - limit`` spare). The store engine's VSP rows and the vector unit's two operands
+    are read this way.
+
+    Parameters
+    ----------
+    width : int
+        Bits of a row.
+    depth : int
+        FIFO entries.
+    limit : int
+        Entries plus the read in flight below which ``room`` is set.
+
+    Members
+    -------
+    inflight : ``In(1)``
+        A read went out last cycle (the owner's register): its answer is due now.
+    room : ``Out(1)``
+        Another read may be issued (combinational on ``inflight`` and the FIFO's level).
+    w : ``In(stream.Signature(width, always_ready=True))``
+        The answers, pushed into the FIFO.
+    o : ``Out(stream.Signature(width))``
+        The FIFO's output (``SyncFIFOBuffered``: one cycle from ``w`` to ``o``, at the least).
+    empty : ``Out(1)``
+        Nothing in the FIFO.
+    """
+
+    def __init__(self, *, width, depth=8, limit=6):
+        if not 0 < limit < depth:
+            raise ValueError(f"limit must be in (0, depth = {depth}), not {limit!r}")
+        self._width, self._depth, self._limit = width, depth, limit
+        super().__init__({
+            "inflight": In(1), "room": Out(1),
+            "w": In(stream.Signature(width, always_ready=True)),
+            "o": Out(stream.Signature(width)),
+            "empty": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=self._width, depth=self._depth)
+        m.d.comb += [self.room.eq((fifo.level + self.inflight) < self._limit),
+                     self.empty.eq(fifo.level == 0),
+                     fifo.w_en.eq(self.w.valid), fifo.w_data.eq(self.w.payload)]
+        wiring.connect(m, fifo.r_stream, wiring.flipped(self.o))
         return m

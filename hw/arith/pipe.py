@@ -5,13 +5,30 @@ which it is valid. Combining nodes from different stages inserts delay registers
 automatically, so a special function is written as the sequence of operations it computes,
 and its latency is whatever that sequence costs. A builder without a module (``m=None``)
 only counts stages, which is how a component learns its latency before it is elaborated.
+
+:func:`delay` is the plain form for the units' own sequencing: a value (a valid bit, a step's
+metadata) carried down a pipeline beside the arithmetic, one register per stage.
 """
 
 from amaranth.hdl import Array, Const, Signal
 
 from .units import Fp32Add, Fp32Max, Fp32Mul
 
-__all__ = ["Node", "Pipeline"]
+__all__ = ["Node", "Pipeline", "delay"]
+
+
+def delay(m, value, cycles, *, name, shape=None, reset_less=False):
+    """``value`` through ``cycles`` registers (in module ``m``) of its shape, or of ``shape``
+    (the value truncated or extended into the first): the list of their outputs, one cycle
+    of latency first. Registers are reset unless ``reset_less``."""
+    stages = []
+    for i in range(cycles):
+        kw = {} if shape is None else {"shape": shape}
+        r = Signal.like(value, name=f"{name}{i}", reset_less=reset_less, **kw)
+        m.d.sync += r.eq(value)
+        stages.append(r)
+        value = r
+    return stages
 
 
 class Node:

@@ -9,11 +9,13 @@
     r_tx/r_rx, l_tx/l_rx  <- CollUnit (COLL on the ring node; only when the config has cards > 1)
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from hw import regs
 from hw.axi import Axi4ReadSignature, Axi4Signature, Axi4WriteSignature, AxiLiteSignature
@@ -25,14 +27,14 @@ from hw.isa import ERROR_CODES
 from .cmds import StoreCmd
 from .coll import CollUnit
 from .ctrl import Control
-from .dma import STORE_QUEUE, DmaRead, DmaWrite
+from .dma import RUN_BITS, STORE_QUEUE, DmaRead, DmaWrite
 from .fetch import Fetch
 from .issue import Issue
 from .mpu import Mpu
 from .vpu import Vpu
 from .vsp import Vsp
 
-__all__ = ["Card"]
+__all__ = ["Card", "hbm_reader_params"]
 
 WATCHDOG = 1 << 20
 
@@ -44,6 +46,15 @@ def _wire(m, outer, inner, sig):
             m.d.comb += getattr(outer, name).eq(getattr(inner, name))
         else:
             m.d.comb += getattr(inner, name).eq(getattr(outer, name))
+
+
+def hbm_reader_params(cfg):
+    """The parameters of the card's HBM channel readers (``hw.dma.reader.AxiBurstReader``):
+    ``gen/tops.py`` emits the same reader alone."""
+    beat_shift = (cfg.hbm_beat_bytes - 1).bit_length()
+    return dict(data_bits=cfg.hbm.data_bits, beat_addr_bits=cfg.hbm_addr_bits - beat_shift,
+                len_bits=RUN_BITS, max_burst=cfg.hbm.max_burst_beats,
+                max_outstanding=cfg.hbm.max_outstanding)
 
 
 class Card(wiring.Component):
@@ -76,72 +87,148 @@ class Card(wiring.Component):
         self.ring = cfg.ring_links
         if self.ring:
             beat = stream.Signature(Beat(cfg.link.data_bits))
-            members.update({"r_tx": Out(beat), "r_rx": wiring.In(beat), "l_tx": Out(beat),
-                            "l_rx": wiring.In(beat)})
+            members.update({"r_tx": Out(beat), "r_rx": In(beat), "l_tx": Out(beat),
+                            "l_rx": In(beat)})
         super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
         cfg, c = self.cfg, self.cfg.core
-        C, P = self.C, c.vector_lanes
-        beat_shift = (cfg.hbm_beat_bytes - 1).bit_length()
-
-        m.submodules.ctrl = ctrl = Control(C)
-        m.submodules.fetch = fetch = Fetch()
-        m.submodules.issue = issue = Issue(cfg)
-        m.submodules.dma_rd = dma_rd = DmaRead(
-            channels=C, data_bits=self.DB, beat_addr_bits=cfg.hbm_addr_bits - beat_shift,
-            max_burst=cfg.hbm.max_burst_beats, max_outstanding=cfg.hbm.max_outstanding,
-            vector_lanes=P, vsp_rows=self.vsp_rows)
-        m.submodules.dma_wr = dma_wr = DmaWrite(
-            channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=self.vsp_rows,
+        C, P, rows = self.C, c.vector_lanes, self.vsp_rows
+        u = SimpleNamespace()           # the blocks, for the wiring below
+        m.submodules.ctrl = u.ctrl = Control(C)
+        m.submodules.fetch = u.fetch = Fetch()
+        m.submodules.issue = u.issue = Issue(cfg)
+        m.submodules.dma_rd = u.dma_rd = DmaRead(channels=C, vector_lanes=P, vsp_rows=rows,
+                                                 **hbm_reader_params(cfg))
+        # STOREs through a queue: issue goes on while the store engine finishes the last one
+        # (its writes' responses), as LOADs and WLOADs do behind the read DMA's queue.
+        m.submodules.store_q = u.store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
+        m.submodules.dma_wr = u.dma_wr = DmaWrite(
+            channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=rows,
             max_outstanding=cfg.hbm.max_outstanding)
-        m.submodules.mpu = mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
-                                     vsp_rows=self.vsp_rows, xb_words=c.xb_words)
-        m.submodules.vpu = vpu = Vpu(lanes=P, vsp_rows=self.vsp_rows, xb_words=c.xb_words,
-                                     width=c.width, red_max=cfg.reduce_max)
+        m.submodules.wfifo = u.wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
+                                                        depth=c.weight_fifo_tiles)
+        m.submodules.mpu = u.mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
+                                       vsp_rows=rows, xb_words=c.xb_words)
+        m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
+                                       width=c.width, red_max=cfg.reduce_max)
         ring = ["coll"] if self.ring else []
-        m.submodules.vsp = vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
-                                     readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,
-                                     writers=["vpu", "mpu", "load"] + ring)
-        if self.ring:
-            m.submodules.coll = coll = CollUnit(cfg, timeout=self.watchdog // 2)
-            wiring.connect(m, issue.q_coll, coll.cmd)
-            m.d.comb += [issue.done_coll.eq(coll.done), issue.coll_err.eq(coll.err),
-                         issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(ctrl.card)]
-            wiring.connect(m, coll.rd, vsp.r_coll)
-            wiring.connect(m, coll.wr, vsp.w_coll)
-            wiring.connect(m, coll.r_tx, wiring.flipped(self.r_tx))
-            wiring.connect(m, wiring.flipped(self.r_rx), coll.r_rx)
-            wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
-            wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
-        m.d.comb += issue.card_reg.eq(ctrl.card)
-        m.submodules.wfifo = wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
-                                                      depth=c.weight_fifo_tiles)
-        xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
-        m.submodules.xb = xb
+        m.submodules.vsp = u.vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
+                                       readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,
+                                       writers=["vpu", "mpu", "load"] + ring)
+        m.submodules.xb = u.xb = Memory(shape=16 * c.width, depth=c.xb_words // c.width, init=[])
+        m.submodules.watchdog = u.wd = Watchdog(cycles=self.watchdog)
+        u.coll = self._collective(m, u) if self.ring else None
 
-        # -- host interface ---------------------------------------------------------------
-        wiring.connect(m, wiring.flipped(self.s_axi_control), ctrl.axi)
-        m.d.comb += self.interrupt.eq(ctrl.interrupt)
-        _wire(m, self.m_axi_insn, fetch.axi, Axi4ReadSignature(addr_bits=64, data_bits=128))
-        m.d.comb += [fetch.start.eq(ctrl.start), fetch.stop.eq(~issue.running | issue.stopping),
-                     fetch.prog_addr.eq(ctrl.prog_addr), fetch.insn_ptr.eq(ctrl.insn_ptr),
-                     fetch.prog_len.eq(ctrl.prog_len)]
+        # Host interface: control registers, the program's fetch; HBM.
+        wiring.connect(m, wiring.flipped(self.s_axi_control), u.ctrl.axi)
+        m.d.comb += self.interrupt.eq(u.ctrl.interrupt)
+        _wire(m, self.m_axi_insn, u.fetch.axi, Axi4ReadSignature(addr_bits=64, data_bits=128))
+        m.d.comb += [u.fetch.start.eq(u.ctrl.start),
+                     u.fetch.stop.eq(~u.issue.running | u.issue.stopping),
+                     u.fetch.prog_addr.eq(u.ctrl.prog_addr), u.fetch.insn_ptr.eq(u.ctrl.insn_ptr),
+                     u.fetch.prog_len.eq(u.ctrl.prog_len)]
+        hbm_err = self._hbm_channels(m, u)
+        self._issue_queues(m, u)
+        m.d.comb += u.issue.axi_err.eq(u.dma_rd.err | u.dma_wr.err | hbm_err)
+        self._data_paths(m, u)
+        self._status(m, u)
+        return m
+
+    def _collective(self, m, u):
+        """The collective unit: COLLs from issue, a VSP port each way, the ring links."""
+        m.submodules.coll = coll = CollUnit(self.cfg, timeout=self.watchdog // 2)
+        wiring.connect(m, u.issue.q_coll, coll.cmd)
+        m.d.comb += [u.issue.done_coll.eq(coll.done), u.issue.coll_err.eq(coll.err),
+                     u.issue.coll_err_pc.eq(coll.err_pc), coll.card_reg.eq(u.ctrl.card)]
+        wiring.connect(m, coll.rd, u.vsp.r_coll)
+        wiring.connect(m, coll.wr, u.vsp.w_coll)
+        wiring.connect(m, coll.r_tx, wiring.flipped(self.r_tx))
+        wiring.connect(m, wiring.flipped(self.r_rx), coll.r_rx)
+        wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
+        wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
+        return coll
+
+    @staticmethod
+    def _issue_queues(m, u):
+        """Instructions from fetch into issue, and from issue to the units and back (done)."""
+        issue, store_q, dma_wr = u.issue, u.store_q, u.dma_wr
+        wiring.connect(m, u.fetch.out, issue.insn)
+        m.d.comb += [issue.exhausted.eq(u.fetch.exhausted), issue.start.eq(u.ctrl.start),
+                     issue.misaligned.eq(u.ctrl.prog_addr[0:4] != 0),
+                     issue.card_reg.eq(u.ctrl.card)]
+        wiring.connect(m, issue.q_dma_rd, u.dma_rd.cmd)
+        m.d.comb += [store_q.w_en.eq(issue.q_dma_wr.valid), store_q.w_data.eq(issue.q_dma_wr.payload),
+                     issue.q_dma_wr.ready.eq(store_q.w_rdy),
+                     dma_wr.cmd.valid.eq(store_q.r_rdy), dma_wr.cmd.payload.eq(store_q.r_data),
+                     store_q.r_en.eq(dma_wr.cmd.ready)]
+        wiring.connect(m, issue.q_mpu, u.mpu.cmd)
+        wiring.connect(m, issue.q_vpu, u.vpu.cmd)
+        m.d.comb += [issue.done_dma_rd.eq(u.dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
+                     issue.done_mpu.eq(u.mpu.done), issue.done_vpu.eq(u.vpu.done)]
+
+    @staticmethod
+    def _data_paths(m, u):
+        """Weight tiles (read DMA -> weight FIFO -> MPU), the VSP's ports, XB (VPU -> MPU)."""
+        vpu, mpu, vsp = u.vpu, u.mpu, u.vsp
+        wiring.connect(m, u.dma_rd.tiles, u.wfifo.w_stream)
+        wiring.connect(m, u.wfifo.r_stream, mpu.tiles)
+        m.d.comb += mpu.discard.eq(u.issue.stopping)
+        for port, vsp_port in ((vpu.r_a, vsp.r_vpu_a), (vpu.r_b, vsp.r_vpu_b), (vpu.w, vsp.w_vpu),
+                               (mpu.r_bias, vsp.r_mpu), (mpu.w_out, vsp.w_mpu),
+                               (u.dma_rd.w, vsp.w_load), (u.dma_wr.r, vsp.r_store)):
+            wiring.connect(m, port, vsp_port)
+        xw = u.xb.write_port(granularity=16)
+        xr = u.xb.read_port(transparent_for=())
+        m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
+                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
+                     xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
+
+    def _status(self, m, u):
+        """The stop (every unit quiet), the watchdog (no unit's progress), the counters."""
+        issue, dma_rd, dma_wr, mpu, vpu, wfifo = u.issue, u.dma_rd, u.dma_wr, u.mpu, u.vpu, u.wfifo
+        zero = Const(0, 1)
+        busy = (dma_rd.busy | dma_wr.busy | u.store_q.r_rdy | mpu.busy | vpu.busy
+                | (wfifo.level != 0) | u.fetch.busy | (u.coll.busy if u.coll else zero))
+        progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
+                    | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
+                    | (u.vsp.w_vpu.req.valid & u.vsp.w_vpu.req.ready)
+                    | (u.vsp.w_mpu.req.valid & u.vsp.w_mpu.req.ready)
+                    | (u.coll.progress if u.coll else zero))
+        m.d.comb += [issue.quiet.eq(~busy), u.wd.progress.eq(progress),
+                     u.wd.start.eq(u.ctrl.start), u.wd.running.eq(issue.running),
+                     u.wd.finish.eq(issue.finish), u.wd.status_in.eq(issue.status),
+                     u.ctrl.done.eq(u.wd.done), u.ctrl.status.eq(u.wd.status)]
+        live = u.wd.live
+        self._counters(m, u.ctrl, {
+            "cycles": live, "mpu_busy": live & mpu.busy, "vpu_busy": live & vpu.busy,
+            "dma_rd_busy": live & dma_rd.busy, "dma_wr_busy": live & dma_wr.busy,
+            "hbm_rd_bytes": (dma_rd.stripe, self.cfg.stripe_bytes),
+            "hbm_wr_bytes": (dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2)),
+            "issue_stall": live & issue.stall, "mpu_starve": live & mpu.starve,
+            **self._link_counts(u.coll), "insns": issue.retired,
+        })
+
+    def _hbm_channels(self, m, u):
+        """Each m_axi_hbm<k>: the read and the store DMA's channel k, shared with the collective
+        unit's HBM beats (COLL with hbm) through AXI multiplexers when there is one. Returns
+        the beats' error flag (0 without)."""
+        C, ctrl, dma_rd, dma_wr, coll = self.C, u.ctrl, u.dma_rd, u.dma_wr, u.coll
         rsig = Axi4ReadSignature(addr_bits=64, data_bits=self.DB)
         wsig = Axi4WriteSignature(addr_bits=64, data_bits=self.DB)
-        if self.ring:
-            # COLL with hbm: the collective unit's beats share each channel with the DMAs
+        hbm_err = Const(0, 1)
+        if coll is not None:
             m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
                                                   data_bits=coll.D, run=coll.run)
             wiring.connect(m, coll.hrd, hb.rd)
             wiring.connect(m, coll.hwr, hb.wr)
             m.d.comb += coll.hw_idle.eq(hb.w_idle)
-        hbm_err = Const(0, 1)
+            hbm_err = hb.err
         for k in range(C):
-            port = getattr(self, f"m_axi_hbm{k}")
-            rd, wr = dma_rd.readers[k].axi, getattr(dma_wr, f"axi_{k}")
-            if self.ring:
+            port, ptr = getattr(self, f"m_axi_hbm{k}"), getattr(ctrl, f"hbm_ptr_{k}")
+            rd, wr = dma_rd.axi[k], dma_wr.axi[k]
+            if coll is not None:
                 rmux, wmux = AxiReadMux(rsig), AxiWriteMux(wsig)
                 m.submodules[f"rmux{k}"], m.submodules[f"wmux{k}"] = rmux, wmux
                 wiring.connect(m, rd, rmux.m0)
@@ -149,79 +236,29 @@ class Card(wiring.Component):
                 wiring.connect(m, wr, wmux.m0)
                 wiring.connect(m, getattr(hb, f"axi_w_{k}"), wmux.m1)
                 rd, wr = rmux.s, wmux.s
-                m.d.comb += getattr(hb, f"ptr_{k}").eq(getattr(ctrl, f"hbm_ptr_{k}"))
-                hbm_err = hb.err
+                m.d.comb += getattr(hb, f"ptr_{k}").eq(ptr)
             _wire(m, port, rd, rsig)
             _wire(m, port, wr, wsig)
-            ptr = getattr(ctrl, f"hbm_ptr_{k}")
-            m.d.comb += [getattr(dma_rd, f"ptr_{k}").eq(ptr), getattr(dma_wr, f"ptr_{k}").eq(ptr)]
+            m.d.comb += [dma_rd.ptr[k].eq(ptr), dma_wr.ptr[k].eq(ptr)]
+        return hbm_err
 
-        # -- issue to the units -----------------------------------------------------------------
-        wiring.connect(m, fetch.out, issue.insn)
-        m.d.comb += [issue.exhausted.eq(fetch.exhausted), issue.start.eq(ctrl.start),
-                     issue.misaligned.eq(ctrl.prog_addr[0:4] != 0)]
-        wiring.connect(m, issue.q_dma_rd, dma_rd.cmd)
-        # STOREs through a queue: issue goes on while the store engine finishes the last one
-        # (its writes' responses), as LOADs and WLOADs do behind the read DMA's queue.
-        m.submodules.store_q = store_q = SyncFIFO(width=StoreCmd.size, depth=STORE_QUEUE)
-        m.d.comb += [store_q.w_en.eq(issue.q_dma_wr.valid), store_q.w_data.eq(issue.q_dma_wr.payload),
-                     issue.q_dma_wr.ready.eq(store_q.w_rdy),
-                     dma_wr.cmd.valid.eq(store_q.r_rdy), dma_wr.cmd.payload.eq(store_q.r_data),
-                     store_q.r_en.eq(dma_wr.cmd.ready)]
-        wiring.connect(m, issue.q_mpu, mpu.cmd)
-        wiring.connect(m, issue.q_vpu, vpu.cmd)
-        m.d.comb += [issue.done_dma_rd.eq(dma_rd.done), issue.done_dma_wr.eq(dma_wr.done),
-                     issue.done_mpu.eq(mpu.done), issue.done_vpu.eq(vpu.done)]
+    def _link_counts(self, coll):
+        """The link counters' (event, amount): the collective unit's, or none."""
+        if coll is None:
+            return {name: Const(0, 1) for name in
+                    ("link_tx_bytes", "link_rx_bytes", "link_retx", "link_crc_errors")}
+        beat_bytes = self.cfg.link.data_bits // 8
+        return {"link_tx_bytes": (coll.tx_beats != 0, coll.tx_beats * beat_bytes),
+                "link_rx_bytes": (coll.rx_beats != 0, coll.rx_beats * beat_bytes),
+                "link_retx": (coll.retx != 0, coll.retx),
+                "link_crc_errors": (coll.crc_error != 0, coll.crc_error)}
 
-        # -- data paths ------------------------------------------------------------------------
-        wiring.connect(m, dma_rd.tiles, wfifo.w_stream)
-        wiring.connect(m, wfifo.r_stream, mpu.tiles)
-        m.d.comb += mpu.discard.eq(issue.stopping)
-        wiring.connect(m, vpu.r_a, vsp.r_vpu_a)
-        wiring.connect(m, vpu.r_b, vsp.r_vpu_b)
-        wiring.connect(m, vpu.w, vsp.w_vpu)
-        wiring.connect(m, mpu.r_bias, vsp.r_mpu)
-        wiring.connect(m, mpu.w_out, vsp.w_mpu)
-        wiring.connect(m, dma_rd.w, vsp.w_load)
-        wiring.connect(m, dma_wr.r, vsp.r_store)
-        xw = xb.write_port(granularity=16)
-        xr = xb.read_port(transparent_for=())
-        m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
-                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
-                     xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
-
-        # -- stop, watchdog, counters ------------------------------------------------------------
-        coll_busy = coll.busy if self.ring else Const(0, 1)
-        quiet = ~(dma_rd.busy | dma_wr.busy | store_q.r_rdy | mpu.busy | vpu.busy | (wfifo.level != 0)
-                  | fetch.busy | coll_busy)
-        m.d.comb += issue.quiet.eq(quiet)
-        m.d.comb += issue.axi_err.eq(dma_rd.err | dma_wr.err | hbm_err)
-        progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
-                    | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
-                    | (vsp.w_vpu.req.valid & vsp.w_vpu.req.ready)
-                    | (vsp.w_mpu.req.valid & vsp.w_mpu.req.ready)
-                    | (coll.progress if self.ring else Const(0, 1)))
-        idle_count = Signal(range(self.watchdog + 1))
-        timeout = Signal()
-        running = issue.running
-        with m.If(ctrl.start | progress | ~running):
-            m.d.sync += idle_count.eq(0)
-        with m.Elif(idle_count != self.watchdog):
-            m.d.sync += idle_count.eq(idle_count + 1)
-        m.d.comb += timeout.eq(running & (idle_count == self.watchdog))
-        done_pulse = issue.finish | timeout
-        status = Signal(32)
-        m.d.comb += status.eq(issue.status)
-        timed_out = Signal()
-        with m.If(ctrl.start):
-            m.d.sync += timed_out.eq(0)
-        with m.If(timeout):
-            m.d.sync += timed_out.eq(1)
-        m.d.comb += ctrl.done.eq(done_pulse & ~timed_out)
-        m.d.comb += ctrl.status.eq(Mux(timed_out, Cat(Const(ERROR_CODES["TIMEOUT"], 8), status[8:32]),
-                                       status))
-
-        def count(name, cond, amount=1):
+    @staticmethod
+    def _counters(m, ctrl, events):
+        """The 64-bit counters of ``events`` {name: condition, or (condition, amount)} into
+        the control block's registers of those names, cleared at ap_start."""
+        for name, ev in events.items():
+            cond, amount = ev if isinstance(ev, tuple) else (ev, 1)
             reg = Signal(64, name=f"cnt_{name}")
             with m.If(ctrl.start):
                 m.d.sync += reg.eq(0)
@@ -229,25 +266,65 @@ class Card(wiring.Component):
                 m.d.sync += reg.eq(reg + amount)
             m.d.comb += getattr(ctrl, name).eq(reg)
 
-        live = running & ~timed_out
-        count("cycles", live)
-        count("mpu_busy", live & mpu.busy)
-        count("vpu_busy", live & vpu.busy)
-        count("dma_rd_busy", live & dma_rd.busy)
-        count("dma_wr_busy", live & dma_wr.busy)
-        count("hbm_rd_bytes", dma_rd.stripe, cfg.stripe_bytes)
-        count("hbm_wr_bytes", dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2))
-        count("issue_stall", live & issue.stall)
-        count("mpu_starve", live & mpu.starve)
-        beat_bytes = cfg.link.data_bits // 8
-        if self.ring:
-            count("link_tx_bytes", coll.tx_beats != 0, coll.tx_beats * beat_bytes)
-            count("link_rx_bytes", coll.rx_beats != 0, coll.rx_beats * beat_bytes)
-            count("link_retx", coll.retx != 0, coll.retx)
-            count("link_crc_errors", coll.crc_error != 0, coll.crc_error)
-        else:
-            for name in ("link_tx_bytes", "link_rx_bytes", "link_retx", "link_crc_errors"):
-                count(name, Const(0, 1))
-        count("insns", issue.retired)
-        return m
 
+class Watchdog(wiring.Component):
+    """TIMEOUT for a run that makes no progress: ``cycles`` cycles of a running kernel without
+    any unit's progress end it with the TIMEOUT status (after which it needs a reset).
+
+    Parameters
+    ----------
+    cycles : int
+
+    Members
+    -------
+    start : ``In(1)``; running : ``In(1)``
+        A run starts; it runs (issue is running or stopping).
+    progress : ``In(1)``
+        Some unit made progress this cycle.
+    finish : ``In(1)``; status_in : ``In(32)``
+        The issue stage's end of the run, and its status.
+    done : ``Out(1)``
+        The run ends (ap_done): finished, or timed out (one pulse, not again at a late finish).
+    status : ``Out(32)``
+        The issue stage's, with the TIMEOUT code once timed out.
+    live : ``Out(1)``
+        Running and not timed out (the counters count then).
+
+    Timing: the idle count and the timed-out flag are registers; ``done`` and ``status`` are
+    combinational on them (TIMEOUT in the cycle the count reaches ``cycles``).
+    """
+
+    start: In(1)
+    running: In(1)
+    progress: In(1)
+    finish: In(1)
+    status_in: In(32)
+    done: Out(1)
+    status: Out(32)
+    live: Out(1)
+
+    def __init__(self, *, cycles):
+        self._cycles = cycles
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        idle_count = Signal(range(self._cycles + 1))
+        timeout = Signal()
+        timed_out = Signal()
+        with m.If(self.start | self.progress | ~self.running):
+            m.d.sync += idle_count.eq(0)
+        with m.Elif(idle_count != self._cycles):
+            m.d.sync += idle_count.eq(idle_count + 1)
+        m.d.comb += timeout.eq(self.running & (idle_count == self._cycles))
+        with m.If(self.start):
+            m.d.sync += timed_out.eq(0)
+        with m.If(timeout):
+            m.d.sync += timed_out.eq(1)
+        m.d.comb += [
+            self.done.eq((self.finish | timeout) & ~timed_out),
+            self.status.eq(Mux(timed_out, Cat(Const(ERROR_CODES["TIMEOUT"], 8),
+                                              self.status_in[8:32]), self.status_in)),
+            self.live.eq(self.running & ~timed_out),
+        ]
+        return m

@@ -1,5 +1,7 @@
 """s_axi_control: the Vitis ap_ctrl_hs register block (hw/regs.py), AXI4-Lite, 32-bit."""
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
@@ -49,16 +51,26 @@ class Control(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        a = self.axi
-        ap_start = Signal()
-        ap_done = Signal()
-        ap_idle = Signal(init=1)
-        gie = Signal()
-        ier = Signal(2)
-        isr = Signal(2)
-        m.d.comb += self.interrupt.eq(gie & (ier & isr).any())
+        ap = SimpleNamespace(start=Signal(name="ap_start"), done=Signal(name="ap_done"),
+                             idle=Signal(name="ap_idle", init=1), gie=Signal(name="gie"),
+                             ier=Signal(2, name="ier"), isr=Signal(2, name="isr"))
+        m.d.comb += self.interrupt.eq(ap.gie & (ap.ier & ap.isr).any())
+        self._writes(m, ap)
+        # ap_start is cleared once the kernel has taken it (ap_ready in the same cycle).
+        with m.If(ap.start):
+            m.d.sync += ap.start.eq(0)
+        with m.If(self.done):
+            m.d.sync += [ap.done.eq(1), ap.idle.eq(1), ap.isr[0].eq(1)]
+        self._reads(m, ap)
+        # A done pulse in the same cycle as a read of CTRL must not be lost.
+        with m.If(self.done):
+            m.d.sync += ap.done.eq(1)
+        return m
 
-        # -- writes: take AW and W together -------------------------------------------------
+    def _writes(self, m, ap):
+        """AW and W taken together, B answered OKAY; the word registers by their byte strobes
+        (an address that is not word aligned matches none of them)."""
+        a = self.axi
         bvalid = Signal()
         m.d.comb += [a.bvalid.eq(bvalid), a.bresp.eq(0)]
         wr = a.awvalid & a.wvalid & ~bvalid
@@ -67,52 +79,45 @@ class Control(wiring.Component):
             m.d.sync += bvalid.eq(1)
         with m.If(bvalid & a.bready):
             m.d.sync += bvalid.eq(0)
-        # Word registers: an address that is not word aligned matches none of them.
-        waddr = a.awaddr
-        wdata = a.wdata
-        strb = a.wstrb
+        wdata, strb = a.wdata, a.wstrb
         m.d.comb += self.start.eq(0)
         with m.If(wr):
-            with m.Switch(waddr):
+            with m.Switch(a.awaddr):
                 with m.Case(regs.CTRL):
-                    with m.If(wdata[0] & ap_idle):
-                        m.d.sync += [ap_start.eq(1), ap_idle.eq(0)]
+                    with m.If(wdata[0] & ap.idle):
+                        m.d.sync += [ap.start.eq(1), ap.idle.eq(0)]
                         m.d.comb += self.start.eq(1)
                 with m.Case(regs.GIE):
-                    m.d.sync += gie.eq(wdata[0])
+                    m.d.sync += ap.gie.eq(wdata[0])
                 with m.Case(regs.IER):
-                    m.d.sync += ier.eq(wdata[0:2])
+                    m.d.sync += ap.ier.eq(wdata[0:2])
                 with m.Case(regs.ISR):
-                    m.d.sync += isr.eq(isr ^ wdata[0:2])     # toggle on write
+                    m.d.sync += ap.isr.eq(ap.isr ^ wdata[0:2])     # toggle on write
                 for addr, sig, off in self._regs():
                     with m.Case(addr):
                         for b in range(4):          # byte enables
                             with m.If(strb[b]):
                                 m.d.sync += sig[off + 8 * b:off + 8 * b + 8].eq(wdata[8 * b:8 * b + 8])
-        # ap_start is cleared once the kernel has taken it (ap_ready in the same cycle).
-        with m.If(ap_start):
-            m.d.sync += ap_start.eq(0)
-        with m.If(self.done):
-            m.d.sync += [ap_done.eq(1), ap_idle.eq(1), isr[0].eq(1)]
 
-        # -- reads ------------------------------------------------------------------------------
+    def _reads(self, m, ap):
+        """AR taken when no R is pending; the word registered into R (CTRL's read clears
+        ap_done)."""
+        a = self.axi
         rvalid = Signal()
         rdata = Signal(32)
         m.d.comb += [a.rvalid.eq(rvalid), a.rdata.eq(rdata), a.rresp.eq(0), a.arready.eq(~rvalid)]
-        raddr = a.araddr
         with m.If(a.arvalid & a.arready):
-            m.d.sync += rvalid.eq(1)
-            m.d.sync += rdata.eq(0)
-            with m.Switch(raddr):
+            m.d.sync += [rvalid.eq(1), rdata.eq(0)]
+            with m.Switch(a.araddr):
                 with m.Case(regs.CTRL):
-                    m.d.sync += rdata.eq(Cat(ap_start, ap_done, ap_idle, ap_start))
-                    m.d.sync += ap_done.eq(0)        # clear on read
+                    m.d.sync += rdata.eq(Cat(ap.start, ap.done, ap.idle, ap.start))
+                    m.d.sync += ap.done.eq(0)        # clear on read
                 with m.Case(regs.GIE):
-                    m.d.sync += rdata.eq(gie)
+                    m.d.sync += rdata.eq(ap.gie)
                 with m.Case(regs.IER):
-                    m.d.sync += rdata.eq(ier)
+                    m.d.sync += rdata.eq(ap.ier)
                 with m.Case(regs.ISR):
-                    m.d.sync += rdata.eq(isr)
+                    m.d.sync += rdata.eq(ap.isr)
                 for addr, sig, off in self._regs():
                     with m.Case(addr):
                         m.d.sync += rdata.eq(sig[off:off + 32])
@@ -125,7 +130,3 @@ class Control(wiring.Component):
                             m.d.sync += rdata.eq(sig[32:64])
         with m.If(rvalid & a.rready):
             m.d.sync += rvalid.eq(0)
-        # A done pulse in the same cycle as a read of CTRL must not be lost.
-        with m.If(self.done):
-            m.d.sync += ap_done.eq(1)
-        return m

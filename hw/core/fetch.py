@@ -6,18 +6,24 @@ hit, not at the fetch that ran ahead. When the core stops, outstanding bursts ar
 discarded before the next start.
 """
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from hw.axi import Axi4ReadSignature
 from hw.dma.reader import AxiBurstReader
+from hw.isa import INSN_BITS
+
+from .cmds import PC_BITS
 
 __all__ = ["Fetch", "FetchedInsn"]
 
-FetchedInsn = data.StructLayout({"word": 128, "pc": 24, "err": 1})
+FetchedInsn = data.StructLayout({"word": INSN_BITS, "pc": PC_BITS, "err": 1})
 DEPTH = 32
 CHUNK = 16
+# A FIFO entry: the instruction and whether its beat came back with an error.
+_Entry = data.StructLayout({"word": INSN_BITS, "err": 1})
 
 
 class Fetch(wiring.Component):
@@ -25,30 +31,28 @@ class Fetch(wiring.Component):
     -------
     start : In(1) pulse; stop : In(1) (level: the core is stopping or stopped)
     prog_addr, insn_ptr : In(64); prog_len : In(32)
+    axi : Out(Axi4ReadSignature(addr_bits=64, data_bits=128))  the program buffer's reads
     out : Out(stream(FetchedInsn)); exhausted : Out(1) (all prog_len instructions delivered)
     busy : Out(1) (bursts in flight or undelivered data)
     """
 
     def __init__(self):
-        self.reader = AxiBurstReader(data_bits=128, beat_addr_bits=60, len_bits=24, max_burst=16,
-                                     max_outstanding=4)
         super().__init__({
             "start": In(1), "stop": In(1),
             "prog_addr": In(64), "insn_ptr": In(64), "prog_len": In(32),
+            "axi": Out(Axi4ReadSignature(addr_bits=64, data_bits=INSN_BITS)),
             "out": Out(stream.Signature(FetchedInsn)),
             "exhausted": Out(1),
             "busy": Out(1),
         })
 
-    @property
-    def axi(self):
-        return self.reader.axi
-
     def elaborate(self, platform):
         m = Module()
-        m.submodules.reader = rd = self.reader
-        fifo = SyncFIFOBuffered(width=129, depth=DEPTH)
-        m.submodules.fifo = fifo
+        m.submodules.reader = rd = AxiBurstReader(data_bits=INSN_BITS, beat_addr_bits=60,
+                                                  len_bits=24, max_burst=16, max_outstanding=4)
+        wiring.connect(m, wiring.flipped(self.axi), rd.axi)
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=_Entry.size, depth=DEPTH)
+        w, r = _Entry(fifo.w_data), _Entry(fifo.r_data)
         m.d.comb += rd.base.eq(self.insn_ptr)
 
         requested = Signal(32)      # instructions asked for
@@ -68,13 +72,13 @@ class Fetch(wiring.Component):
         # Stopping: beats still in flight are taken and dropped, the FIFO is emptied.
         m.d.comb += [rd.data.ready.eq(fifo.w_rdy | self.stop),
                      fifo.w_en.eq(rd.data.valid & ~self.stop),
-                     fifo.w_data.eq(Cat(rd.data.payload.data, rd.data.payload.err))]
+                     w.word.eq(rd.data.payload.data), w.err.eq(rd.data.payload.err)]
         with m.If(rd.data.valid & rd.data.ready):
             m.d.sync += arrived.eq(arrived + 1)
 
         m.d.comb += [self.out.valid.eq(fifo.r_rdy & active & ~self.stop),
-                     self.out.payload.word.eq(fifo.r_data[0:128]),
-                     self.out.payload.err.eq(fifo.r_data[128]),
+                     self.out.payload.word.eq(r.word),
+                     self.out.payload.err.eq(r.err),
                      self.out.payload.pc.eq(delivered),
                      fifo.r_en.eq((self.out.valid & self.out.ready) | self.stop),
                      self.exhausted.eq(active & (delivered >= self.prog_len))]

@@ -16,7 +16,16 @@ from amaranth.lib.wiring import In, Out
 
 from hw import stream as hw_stream
 
-__all__ = ["ReadPort", "WritePort", "Vsp"]
+__all__ = ["ReadPort", "WritePort", "Vsp", "word_select"]
+
+
+def word_select(row, index, width, count):
+    """Word ``index`` (a comb value) of the ``count`` words of ``width`` bits in ``row``, word 0
+    where ``index`` is past the last: a multiplexer, as the units pick a lane of a row."""
+    out = row[0:width]
+    for k in range(1, count):
+        out = Mux(index == k, row[width * k:width * (k + 1)], out)
+    return out
 
 
 class ReadPort(hw_stream.ReadPort):

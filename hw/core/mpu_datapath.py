@@ -1,0 +1,142 @@
+"""The matrix unit's datapath (hw/core/mpu.py): the tile register, the multipliers and adder
+trees, and the accumulators. No enables: the step sequencer decides what enters, and every
+step's metadata rides beside its data.
+
+    stage 0   step issues: tile taken, XB row and bias row read
+    stage 1   tile register, XB data, bias data, step metadata (s1)
+    stage X   partial sums out of the trees (X = 1 + Fp16MulFp32.LATENCY + tree latency);
+              the slot's running sum read one cycle earlier
+    X + ADD   the accumulated row: back into its slot, or (last column block) out
+"""
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hw.arith.pipe import delay
+from hw.arith.special import AdderTree
+from hw.arith.units import Fp16MulFp32, Fp32Add
+from hw.isa import ACC_DEPTH
+
+from .mpu_seq import step_layout
+
+__all__ = ["NEG_ZERO", "out_layout", "MacArray", "Accumulators"]
+
+NEG_ZERO = 0x80000000
+
+
+def out_layout(lanes, row_bits):
+    """A finished output row block: ``lanes`` fp32 sums, its VSP row, the MATVEC's last."""
+    return data.StructLayout({"data": 32 * lanes, "row": row_bits, "end": 1})
+
+
+class MacArray(wiring.Component):
+    """The tile register and ``lanes x width`` fp16 x fp16 -> fp32 multipliers, one pairwise
+    fp32 adder tree per lane: lane l's partial sum of tile row l times the input block.
+
+    A tile is put right as it is taken: a transposed tile (MATVEC.tt) has element (r, c) at
+    c * lanes + r (a fixed permutation of the wires).
+
+    Parameters
+    ----------
+    lanes, width : int
+
+    Members
+    -------
+    tiles : ``In(stream.Signature(lanes * width * 16))``
+        The weight FIFO's output; tile row l in bits ``[16 width l, 16 width (l + 1))``.
+    take : ``In(1)``
+        A step starts a tile: the FIFO's tile into the register (it is there: the sequencer
+        checked).
+    drop : ``In(1)``
+        Take and discard tiles (while the matrix unit is idle and the core stops).
+    tt : ``In(1)``
+        The tile is stored transposed.
+    x : ``In(16 * width)``
+        The step's input block (XB's read data: stage 1, beside the tile register).
+    o : ``Out(32 * lanes)``
+        The partial sums, ``Fp16MulFp32.LATENCY + AdderTree.latency(width)`` cycles after
+        stage 1.
+    """
+
+    def __init__(self, *, lanes, width):
+        self._lanes, self._width = lanes, width
+        bits = lanes * width * 16
+        super().__init__({"tiles": In(stream.Signature(bits)), "take": In(1), "drop": In(1),
+                          "tt": In(1), "x": In(16 * width), "o": Out(32 * lanes)})
+
+    def elaborate(self, platform):
+        m = Module()
+        L, W, p = self._lanes, self._width, self.tiles.payload
+        tile = Signal(L * W * 16, reset_less=True)
+        tposed = Cat(*[p[16 * (c * L + r):16 * (c * L + r + 1)] for r in range(L) for c in range(W)])
+        m.d.comb += self.tiles.ready.eq(self.take | self.drop)
+        with m.If(self.take):
+            m.d.sync += tile.eq(Mux(self.tt, tposed, p))
+        for lane in range(L):
+            m.submodules[f"tree{lane}"] = tree = AdderTree(W)
+            for j in range(W):
+                m.submodules[f"mul{lane}_{j}"] = mul = Fp16MulFp32()
+                k = lane * W + j
+                m.d.comb += [mul.a.eq(tile[16 * k:16 * (k + 1)]),
+                             mul.b.eq(self.x[16 * j:16 * (j + 1)]),
+                             tree.a[32 * j:32 * (j + 1)].eq(mul.o)]
+            m.d.comb += self.o[32 * lane:32 * (lane + 1)].eq(tree.o)
+        return m
+
+
+class Accumulators(wiring.Component):
+    """The running sums: one slot of ``lanes`` fp32 words per (row block, token) of a group.
+
+    A step's partial sums are added to its slot (to the bias, or -0, on the first column
+    block); the sum goes back into the slot, or out after the last column block. The step's
+    metadata and bias, taken at stage 1, are delayed to stage X beside the arithmetic.
+
+    Parameters
+    ----------
+    lanes, row_bits : int
+    align : int
+        Cycles from stage 1 to stage X (the multipliers' and trees' latency).
+
+    Members
+    -------
+    s1 : ``In(step_layout(row_bits))``; bias : ``In(32 * lanes)``
+        The step's metadata and bias row at stage 1.
+    partial : ``In(32 * lanes)``
+        Its partial sums at stage X.
+    o : ``Out(stream.Signature(out_layout(lanes, row_bits), always_ready=True))``
+        Finished rows (last column block), ``Fp32Add.LATENCY`` cycles after stage X.
+    """
+
+    def __init__(self, *, lanes, row_bits, align):
+        self._lanes, self._align = lanes, align
+        super().__init__({
+            "s1": In(step_layout(row_bits)), "bias": In(32 * lanes), "partial": In(32 * lanes),
+            "o": Out(stream.Signature(out_layout(lanes, row_bits), always_ready=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        L, n = self._lanes, self._align
+        m.submodules.acc = acc = Memory(shape=32 * L, depth=ACC_DEPTH, init=[])
+        aw = acc.write_port()
+        ar = acc.read_port(transparent_for=())
+        mX = delay(m, self.s1, n, name="meta_x")[-1]
+        biasX = delay(m, self.bias, n, name="bias_x", reset_less=True)[-1]
+        # The slot is read one cycle ahead of stage X.
+        mXm1 = delay(m, self.s1, n - 1, name="meta_xm")[-1] if n >= 2 else self.s1
+        m.d.comb += [ar.addr.eq(mXm1.slot), ar.en.eq(1)]
+        sums = []
+        for lane in range(L):
+            m.submodules[f"acc_add{lane}"] = add = Fp32Add()
+            word = slice(32 * lane, 32 * (lane + 1))
+            init = Mux(mX.bias_en, biasX[word], NEG_ZERO)
+            m.d.comb += [add.a.eq(Mux(mX.first, init, ar.data[word])), add.b.eq(self.partial[word])]
+            sums.append(add.o)
+        mA = delay(m, mX, Fp32Add.LATENCY, name="meta_a")[-1]
+        result = Cat(*sums)
+        m.d.comb += [aw.addr.eq(mA.slot), aw.data.eq(result), aw.en.eq(mA.valid & ~mA.last),
+                     self.o.valid.eq(mA.valid & mA.last), self.o.payload.data.eq(result),
+                     self.o.payload.row.eq(mA.row), self.o.payload.end.eq(mA.end)]
+        return m

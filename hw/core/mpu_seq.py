@@ -1,0 +1,199 @@
+"""The matrix unit's step sequencer (hw/core/mpu.py): a MATVEC's (tile, token) steps in the
+stream order, one per cycle when nothing forbids it.
+
+A step may not issue while (a) it starts a tile and the weight FIFO has none, (b) it updates an
+accumulator slot whose last update is still in the pipeline, (c) it ends a row and the output
+FIFO has no room reserved for it, (d) its group's bias is not loaded yet.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from .cmds import MatvecCmd
+
+__all__ = ["SLOT_BITS", "step_layout", "group_rows", "SlotWindow", "MpuSequencer"]
+
+SLOT_BITS = 6           # an accumulator slot (hw.isa.ACC_DEPTH of them)
+
+
+def step_layout(row_bits):
+    """What a step carries down the pipeline."""
+    return data.StructLayout({
+        "valid": 1,
+        "first": 1,             # first column block: start from the bias (or -0), not the slot
+        "last": 1,              # last column block: the sum is final, to the output FIFO
+        "end": 1,               # the MATVEC's last output
+        "slot": SLOT_BITS,      # accumulator slot (row block, token)
+        "row": row_bits,        # VSP row of the output
+        "bias_en": 1,
+    })
+
+
+def group_rows(mv, start):
+    """Row blocks of the group that starts at row block ``start`` (comb)."""
+    return Mux(mv.rb - start < mv.group, mv.rb - start, mv.group)
+
+
+class SlotWindow(wiring.Component):
+    """The accumulator slots updated by the steps of the last ``window`` cycles.
+
+    A step issued in cycle s reads its slot ahead of stage X and writes it back ADD cycles
+    later; a later step on the same slot must read after that write, so it waits while the slot
+    was updated in the last ``Fp32Add.LATENCY + 1`` cycles (``window``).
+
+    Parameters
+    ----------
+    window : int
+
+    Members
+    -------
+    slot : ``In(SLOT_BITS)``
+        The slot of the step being issued.
+    update : ``In(1)``
+        It issues this cycle and will update its slot (not the last column block).
+    hazard : ``Out(1)``
+        ``slot`` was updated by one of the last ``window`` steps (a shift register of slots,
+        bubbles shifting in as invalid).
+    """
+
+    slot: In(SLOT_BITS)
+    update: In(1)
+    hazard: Out(1)
+
+    def __init__(self, *, window):
+        self._window = window
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        recent = [Signal(SLOT_BITS + 1, name=f"recent{i}") for i in range(self._window)]
+        m.d.sync += recent[0].eq(Cat(self.slot, self.update))
+        for i in range(1, self._window):
+            m.d.sync += recent[i].eq(recent[i - 1])
+        hazard = Const(0, 1)
+        for r in recent:
+            hazard = hazard | (r[SLOT_BITS] & (r[0:SLOT_BITS] == self.slot))
+        m.d.comb += self.hazard.eq(hazard)
+        return m
+
+
+class MpuSequencer(wiring.Component):
+    """Issues a MATVEC's steps: groups of row blocks; within a group, column block by column
+    block; within that, row block by row block; each tile used by every token in turn.
+
+    Back to back: the next MATVEC is taken as soon as this one has issued its last step; the
+    steps still in the pipeline carry everything they need (slot, row, bias), and each
+    MATVEC's last output, marked ``end``, signals its completion in order.
+
+    Parameters
+    ----------
+    lanes, width, vector_lanes : int
+    vsp_row_bits, xb_row_bits : int
+    window : int
+        ``SlotWindow``'s.
+
+    Members
+    -------
+    cmd : ``In(stream.Signature(MatvecCmd))``
+    mv : ``Out(MatvecCmd)``
+        The MATVEC being issued (registered when taken).
+    active : ``Out(1)``
+        Steps of ``mv`` are left to issue (or the last just issued).
+    begin : ``Out(1)``
+        Pulse: a MATVEC is taken.
+    tile_valid : ``In(1)``
+        The weight FIFO has a tile.
+    credit : ``In(1)``
+        The output FIFO has room for one more row (``OutWriter.credit``).
+    bias_ready : ``In(1)``
+        The issuing group's bias bank is loaded.
+    step : ``Out(1)``
+        A step issues (combinational).
+    pop : ``Out(1)``
+        It starts a tile: the weight FIFO's tile is taken.
+    claim : ``Out(1)``
+        It ends a row (reserves room in the output FIFO).
+    group_done : ``Out(1)``
+        It is its group's last (the group's bias bank is free).
+    xrow : ``Out(xb_row_bits)``
+        XB row of its input block (read at issue).
+    block : ``Out(SLOT_BITS)``
+        Its row block in the group (the bias bank's row, read at issue).
+    s1 : ``Out(step_layout(vsp_row_bits))``
+        The step's metadata, registered: valid one cycle after issue (stage 1).
+    starve : ``Out(1)``
+        A step waits for a tile.
+    """
+
+    def __init__(self, *, lanes, width, vector_lanes, vsp_row_bits, xb_row_bits, window):
+        self._lanes, self._width, self._vlanes = lanes, width, vector_lanes
+        self._window = window
+        super().__init__({
+            "cmd": In(stream.Signature(MatvecCmd)),
+            "mv": Out(MatvecCmd), "active": Out(1), "begin": Out(1),
+            "tile_valid": In(1), "credit": In(1), "bias_ready": In(1),
+            "step": Out(1), "pop": Out(1), "claim": Out(1), "group_done": Out(1),
+            "xrow": Out(xb_row_bits), "block": Out(SLOT_BITS),
+            "s1": Out(step_layout(vsp_row_bits)),
+            "starve": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        mv, step = self.mv, self.step
+        pshift = (self._vlanes - 1).bit_length()
+        wshift = (self._width - 1).bit_length()
+        lpr = self._lanes // self._vlanes           # VSP rows per output row block
+        g0 = Signal(16)          # first row block of the current group
+        gs = Signal(9)           # row blocks in the current group
+        c = Signal(12)
+        ri = Signal(8)           # row block within the group
+        t = Signal(4)
+        issued_all = Signal()
+
+        # The step's place, and what may hold it back.
+        m.submodules.window = window = SlotWindow(window=self._window)
+        slot = (ri * mv.tokens + t)[0:SLOT_BITS]
+        first_c, last_c, need_tile = c == 0, c == mv.cb - 1, t == 0
+        m.d.comb += [window.slot.eq(slot), window.update.eq(step & ~last_c)]
+        hazard = window.hazard & ~first_c       # the first column block does not read its slot
+        tile_ok = ~need_tile | self.tile_valid
+        bias_ok = ~mv.bias_en | self.bias_ready
+        waiting = self.active & ~issued_all
+        m.d.comb += [step.eq(waiting & tile_ok & ~hazard & (~last_c | self.credit) & bias_ok),
+                     self.starve.eq(waiting & ~tile_ok),
+                     self.pop.eq(step & need_tile), self.claim.eq(step & last_c),
+                     self.block.eq(ri[0:SLOT_BITS]),
+                     self.xrow.eq((mv.xb >> wshift) + t * (mv.xstride >> wshift) + c)]
+        last_t, last_ri = t == mv.tokens - 1, ri == gs - 1
+        m.d.sync += [self.s1.valid.eq(step), self.s1.first.eq(first_c), self.s1.last.eq(last_c),
+                     self.s1.slot.eq(slot), self.s1.bias_en.eq(mv.bias_en),
+                     self.s1.end.eq(last_t & last_ri & last_c & (g0 + gs >= mv.rb)),
+                     self.s1.row.eq((mv.dst >> pshift) + ((t * mv.dstride) >> pshift)
+                                    + ((g0 + ri) * lpr))]
+
+        # The loop nest: token, row block in the group, column block, group.
+        m.d.comb += self.group_done.eq(step & last_t & last_ri & last_c)
+        with m.If(step):
+            m.d.sync += t.eq(Mux(last_t, 0, t + 1))
+            with m.If(last_t):
+                m.d.sync += ri.eq(Mux(last_ri, 0, ri + 1))
+                with m.If(last_ri):
+                    m.d.sync += c.eq(Mux(last_c, 0, c + 1))
+        with m.If(self.group_done):
+            nxt = g0 + gs
+            m.d.sync += [g0.eq(nxt), gs.eq(group_rows(mv, nxt))]
+            with m.If(nxt >= mv.rb):
+                m.d.sync += issued_all.eq(1)
+
+        # The next MATVEC is taken in the cycle this one issues its last step, or when idle.
+        m.d.comb += [self.cmd.ready.eq(~self.active | (issued_all & ~step)),
+                     self.begin.eq(self.cmd.valid & self.cmd.ready)]
+        with m.If(self.active & issued_all):
+            m.d.sync += self.active.eq(0)
+        with m.If(self.begin):
+            p = self.cmd.payload
+            m.d.sync += [mv.eq(p), self.active.eq(1), g0.eq(0), c.eq(0), ri.eq(0), t.eq(0),
+                         issued_all.eq(0), gs.eq(Mux(p.rb < p.group, p.rb, p.group))]
+        return m

@@ -1,0 +1,287 @@
+"""The store engine's parts (hw/core/dma.py's DmaWrite): the element walk that places each
+element of a STORE (its address generator, through one fp32 -> fp16 converter), the packer
+that merges consecutive elements into strobed channel beats, and the AXI writer that sends the
+beats as single-beat writes and counts their responses.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from hw.arith.pipe import delay
+from hw.arith.units import Fp32ToFp16
+from hw.axi import Axi4WriteSignature, Burst
+
+from .cmds import StoreCmd
+from .vsp import word_select
+
+__all__ = ["Elem", "Beat", "StoreWalk", "BeatPacker", "BeatWriter"]
+
+ROW_BITS = StoreCmd["row"].width                  # stripe row
+BYTE_BITS = 16                                     # byte in the stripe (off + strides)
+CH_BITS = 8                                        # channel of a beat
+
+# An element placed: its stripe row and byte, the fp32 word and its fp16 rounding.
+Elem = data.StructLayout({"last": 1, "row": ROW_BITS, "byte": BYTE_BITS, "word": 32, "half": 16})
+
+
+def Beat(beat_bytes):
+    """One channel beat to write: channel, stripe row, data and byte strobes."""
+    return data.StructLayout({"ch": CH_BITS, "row": ROW_BITS, "data": 8 * beat_bytes,
+                              "strb": beat_bytes})
+
+
+class StoreWalk(wiring.Component):
+    """A STORE's elements one per cycle, each with the stripe row and byte it goes to.
+
+    Walks the STORE's pattern (docs/isa.md): element i is place ``i % epg`` of group
+    ``i / epg``, groups ``gstride`` bytes apart, ``2^lgpr`` groups to a row, rows ``rstride``
+    stripe rows apart. Each element goes through one fp32 -> fp16 converter; its place rides
+    beside it.
+
+    Parameters
+    ----------
+    lanes : int
+        Words per VSP row.
+
+    Members
+    -------
+    cmd : ``In(StoreCmd)``
+        The STORE in progress (held by the store engine).
+    start : ``In(stream.Signature(StoreCmd, always_ready=True))``
+        A STORE begins: element 0, at its first row and offset.
+    active : ``In(1)``
+        A STORE is in progress.
+    rows : ``In(stream.Signature(32 * lanes))``
+        The STORE's VSP rows in order; a row is taken after its last element (the rest of a
+        partial last row is dropped).
+    queued : ``In(4)``
+        Beats waiting for the AXI writer: an element is launched while they and the elements
+        in the converter are fewer than 5 (the beat FIFO's room).
+    o : ``Out(stream.Signature(Elem, always_ready=True))``
+        The elements, ``Fp32ToFp16.LATENCY`` (2) cycles after their launch (their place in
+        registers beside the converter).
+    launch : ``Out(1)``
+        An element enters the converter this cycle.
+    idle : ``Out(1)``
+        Every element of the STORE launched, none in the converter.
+
+    Timing: one element per cycle at most; ``launch`` is combinational (rows, credit), the
+    place registers move with it; ``o`` is the converter's output beside two registers of
+    metadata.
+    """
+
+    def __init__(self, *, lanes):
+        self._lanes = lanes
+        super().__init__({
+            "cmd": In(StoreCmd), "start": In(stream.Signature(StoreCmd, always_ready=True)),
+            "active": In(1),
+            "rows": In(stream.Signature(32 * lanes)),
+            "queued": In(4),
+            "o": Out(stream.Signature(Elem, always_ready=True)),
+            "launch": Out(1), "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P, cmd = self._lanes, self.cmd
+        m.submodules.conv = conv = Fp32ToFp16()
+        lane = Signal(range(P + 1))
+        i = Signal(17)                     # element index
+        e = Signal(16)                     # place in the group
+        k = Signal(16)                     # group in the row
+        row = Signal(ROW_BITS)
+        byte = Signal(BYTE_BITS)           # byte in the stripe
+        zl = Mux(cmd.f32, 2, 1)            # log2 of the element size in bytes
+        epg_m1 = (Const(1, 17) << cmd.lepg) - 1
+        gpr_m1 = (Const(1, 17) << cmd.lgpr) - 1
+        in_conv = Signal(range(4))
+        m.d.comb += self.launch.eq(self.active & (i < cmd.n) & self.rows.valid
+                                   & ((self.queued + in_conv) < 5))
+        word = word_select(self.rows.payload, lane, 32, P)
+        m.d.comb += conv.a.eq(word)
+        with m.If(self.launch):
+            m.d.sync += i.eq(i + 1)
+            with m.If(lane == P - 1):
+                m.d.sync += lane.eq(0)
+                m.d.comb += self.rows.ready.eq(1)
+            with m.Else():
+                m.d.sync += lane.eq(lane + 1)
+            with m.If(e == epg_m1):
+                m.d.sync += e.eq(0)
+                with m.If(k == gpr_m1):
+                    m.d.sync += [k.eq(0), row.eq(row + cmd.rstride), byte.eq(cmd.off)]
+                with m.Else():
+                    m.d.sync += [k.eq(k + 1), byte.eq(byte - (e << zl) + cmd.gstride)]
+            with m.Else():
+                m.d.sync += [e.eq(e + 1), byte.eq(byte + (1 << zl))]
+        # The last lane of a partial final row: drop the rest of the row.
+        with m.If(self.active & (i == cmd.n) & self.rows.valid & (lane != 0)):
+            m.d.comb += self.rows.ready.eq(1)
+            m.d.sync += lane.eq(0)
+        with m.If(self.start.valid):
+            p = self.start.payload
+            m.d.sync += [i.eq(0), lane.eq(0), e.eq(0), k.eq(0), row.eq(p.row), byte.eq(p.off)]
+
+        # The element's place beside the converter (latency 2).
+        meta = data.StructLayout({"v": 1, "last": 1, "row": ROW_BITS, "byte": BYTE_BITS,
+                                  "word": 32})
+        m0 = Signal(meta)
+        m.d.comb += [m0.v.eq(self.launch), m0.last.eq(i == cmd.n - 1), m0.row.eq(row),
+                     m0.byte.eq(byte), m0.word.eq(word)]
+        stages = delay(m, m0, Fp32ToFp16.LATENCY, name="meta")
+        m2 = stages[-1]
+        m.d.sync += in_conv.eq(in_conv + self.launch - m2.v)
+        m.d.comb += [self.o.valid.eq(m2.v), self.o.payload.last.eq(m2.last),
+                     self.o.payload.row.eq(m2.row), self.o.payload.byte.eq(m2.byte),
+                     self.o.payload.word.eq(m2.word), self.o.payload.half.eq(conv.o),
+                     self.idle.eq((i == cmd.n) & (in_conv == 0) & ~Cat(*[s.v for s in stages]).any())]
+        return m
+
+
+class BeatPacker(wiring.Component):
+    """Consecutive elements that land in one channel beat merged into one strobed beat.
+
+    Parameters
+    ----------
+    beat_bytes : int
+        Bytes of a channel beat.
+
+    Members
+    -------
+    i : ``In(stream.Signature(Elem, always_ready=True))``
+        Placed elements (fp16 ``half``, or the fp32 ``word`` with ``f32``).
+    f32 : ``In(1)``
+        The STORE writes fp32 words.
+    o : ``Out(stream.Signature(Beat(beat_bytes), always_ready=True))``
+        Finished beats (never refused: the walk's credit keeps room for them).
+    idle : ``Out(1)``
+        No beat being merged, none to flush.
+
+    Timing: a beat goes out in the cycle an element for another beat (or row) arrives, with
+    the STORE's last element when it merges, else one cycle after it (registered ``flush``).
+    """
+
+    def __init__(self, *, beat_bytes):
+        self._bytes = beat_bytes
+        super().__init__({
+            "i": In(stream.Signature(Elem, always_ready=True)), "f32": In(1),
+            "o": Out(stream.Signature(Beat(beat_bytes), always_ready=True)),
+            "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        B, el = self._bytes, self.i.payload
+        bshift = (B - 1).bit_length()
+        cur = Signal(Beat(B))
+        cur_v = Signal()
+        ch = el.byte >> bshift
+        same = cur_v & (cur.ch == ch) & (cur.row == el.row)
+        new_data = Signal(8 * B)
+        new_strb = Signal(B)
+        m.d.comb += [new_data.eq(Mux(self.f32, Cat(*([el.word] * (B // 4))),
+                                     Cat(*([el.half] * (B // 2))))),
+                     new_strb.eq(Mux(self.f32, Const(0xF, B), Const(3, B)) << el.byte[0:bshift])]
+        flush = Signal()
+        emit = self.o.payload
+        with m.If(self.i.valid):
+            with m.If(same):
+                merged = Signal(8 * B)
+                for b in range(B):
+                    m.d.comb += merged[8 * b:8 * (b + 1)].eq(
+                        Mux(new_strb[b], new_data[8 * b:8 * (b + 1)], cur.data[8 * b:8 * (b + 1)]))
+                with m.If(el.last):
+                    m.d.comb += [self.o.valid.eq(1), emit.ch.eq(cur.ch), emit.row.eq(cur.row),
+                                 emit.data.eq(merged), emit.strb.eq(cur.strb | new_strb)]
+                    m.d.sync += cur_v.eq(0)
+                with m.Else():
+                    m.d.sync += [cur.data.eq(merged), cur.strb.eq(cur.strb | new_strb)]
+            with m.Else():
+                with m.If(cur_v):
+                    m.d.comb += [self.o.valid.eq(1), emit.eq(cur)]
+                m.d.sync += [cur_v.eq(1), cur.ch.eq(ch), cur.row.eq(el.row), cur.data.eq(new_data),
+                             cur.strb.eq(new_strb)]
+        # A last element that started a new beat is emitted the cycle after.
+        m.d.sync += flush.eq(self.i.valid & el.last & ~same)
+        with m.If(flush & cur_v):
+            m.d.comb += [self.o.valid.eq(1), emit.eq(cur)]
+            m.d.sync += cur_v.eq(0)
+        m.d.comb += self.idle.eq(~cur_v & ~flush)
+        return m
+
+
+class BeatWriter(wiring.Component):
+    """Beats as single-beat AXI writes on their channels; responses counted.
+
+    AW and W of a beat go out together on its channel (either may be accepted first); at most
+    ``max_outstanding`` writes per channel (``channels x max_outstanding`` in all) await their
+    response.
+
+    Parameters
+    ----------
+    channels, data_bits, max_outstanding : int
+
+    Members
+    -------
+    i : ``In(stream.Signature(Beat))``
+        The beats; one is taken when both its AW and its W have been accepted.
+    axi : ``Out(Axi4WriteSignature(addr_bits=64, data_bits=data_bits)).array(channels)``
+    ptr : ``In(64).array(channels)``
+        Channel buffer bases (a beat's address is ``ptr + row * beat_bytes``).
+    sent : ``Out(1)``
+        A beat was taken.
+    err : ``Out(1)``
+        Sticky (cleared by reset only): a response other than OKAY, or with an ID never used.
+    idle : ``Out(1)``
+        No write awaits its response.
+
+    Timing: AW and W are valid combinationally on the FIFO's head (and the room); a beat is
+    taken in the cycle its second handshake completes (one beat per cycle at most);
+    ``outstanding`` and the sent flags are registers.
+    """
+
+    def __init__(self, *, channels, data_bits, max_outstanding):
+        self._channels, self._bytes, self._max_out = channels, data_bits // 8, max_outstanding
+        super().__init__({
+            "i": In(stream.Signature(Beat(data_bits // 8))),
+            "axi": Out(Axi4WriteSignature(addr_bits=64, data_bits=data_bits)).array(channels),
+            "ptr": In(64).array(channels),
+            "sent": Out(1), "err": Out(1), "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        C, head = self._channels, self.i.payload
+        bshift = (self._bytes - 1).bit_length()
+        outstanding = Signal(range(C * (self._max_out + 1) + 1))
+        aw_sent = Signal()
+        w_sent = Signal()
+        aw_ok = Signal()
+        w_ok = Signal()
+        room = outstanding < self._max_out * C
+        for c, axi in enumerate(self.axi):
+            mine = self.i.valid & (head.ch == c)
+            m.d.comb += [
+                axi.awid.eq(0), axi.awlen.eq(0), axi.awsize.eq(bshift), axi.awburst.eq(Burst.INCR),
+                axi.awaddr.eq(self.ptr[c] + (head.row << bshift)),
+                axi.awvalid.eq(mine & ~aw_sent & room),
+                axi.wdata.eq(head.data), axi.wstrb.eq(head.strb), axi.wlast.eq(1),
+                axi.wvalid.eq(mine & ~w_sent & room),
+                axi.bready.eq(1),
+            ]
+            with m.If(axi.bvalid & ((axi.bresp != 0) | (axi.bid != 0))):
+                m.d.sync += self.err.eq(1)
+        for c, axi in enumerate(self.axi):
+            with m.If(head.ch == c):
+                m.d.comb += [aw_ok.eq(aw_sent | (axi.awvalid & axi.awready)),
+                             w_ok.eq(w_sent | (axi.wvalid & axi.wready))]
+        with m.If(self.i.valid & aw_ok & w_ok):
+            m.d.comb += [self.i.ready.eq(1), self.sent.eq(1)]
+            m.d.sync += [aw_sent.eq(0), w_sent.eq(0)]
+        with m.Elif(self.i.valid):
+            m.d.sync += [aw_sent.eq(aw_ok), w_sent.eq(w_ok)]
+        responses = sum(axi.bvalid for axi in self.axi)
+        m.d.sync += outstanding.eq(outstanding + self.sent - responses)
+        m.d.comb += self.idle.eq((outstanding == 0) & (responses == 0))
+        return m

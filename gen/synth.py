@@ -179,7 +179,7 @@ def card_units(cfg):
         f"adder_tree_{W}": L,                   # one tree per lane
         "fp32_add": L + P,                      # accumulators; vector unit
         "fp32_mul": P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P, "gelu": P,
-        "fp32_to_fp16": P + 1,                  # vector unit's CVT16 lanes; the store engine
+        "fp32_to_fp16": 2 * P + 1,              # vector unit's CVT16 lanes and x16 copies; the store engine
     }
 
 

@@ -183,6 +183,11 @@ class ChannelTx(wiring.Component):
     Timing: at most 6 local beats asked for or waiting; a reply goes into the local FIFO the
     cycle it arrives and can be sent the cycle after. Round 0's frames still in the local
     FIFO go before a forwarded frame.
+
+    Parameters
+    ----------
+    data_bits : int
+        The link beat.
     """
 
     def __init__(self, *, data_bits):
@@ -275,6 +280,11 @@ class ChannelRx(wiring.Component):
     beats wait in a 32-deep FIFO for their operands, which the memory answers into another,
     and leave on ``o`` (never held back) once both are there.
 
+    Parameters
+    ----------
+    data_bits : int
+        The link beat.
+
     Members
     -------
     start : In(1)  pulse: back to the schedule's start, ``order_error`` cleared (wins)
@@ -364,6 +374,11 @@ class ChannelRx(wiring.Component):
 class ReducePipe(wiring.Component):
     """Received beat + operand -> the beat to forward or write: fp32 additions, no stall.
 
+    Parameters
+    ----------
+    data_bits : int
+        The link beat (data_bits / 32 adders).
+
     Members
     -------
     fp16 : In(1)  operands are fp16 (in the low half of each word): converted exactly first
@@ -411,6 +426,11 @@ class ReducePipe(wiring.Component):
 
 class RingChannel(wiring.Component):
     """One direction of a ring collective.
+
+    Parameters
+    ----------
+    data_bits : int
+        The link beat.
 
     Members
     -------

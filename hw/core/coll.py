@@ -116,6 +116,13 @@ def _serve(m, sel, port, a, b):
 class CollSequencer(wiring.Component):
     """The COLL's sequence: geometry, the own block's copy, the node's run, the drain.
 
+    Parameters
+    ----------
+    beat_words : int
+        B, words of a link beat (a power of two).
+    timeout : int
+        Cycles of the run without progress before the COLL fails.
+
     Members
     -------
     cmd : In(stream(CollCmd))  taken in IDLE
@@ -130,7 +137,8 @@ class CollSequencer(wiring.Component):
     failed : In(1)  a link error or an order error of the node
     progress : In(1)  something moved this cycle (no-progress timeout)
     pf_idle : In(1)  the prefetchers and their runs are empty
-    done : Out(1) pulse per COLL (with ``err``: RING_ERROR); busy : Out(1)
+    done : Out(1)  pulse per COLL; err : Out(1)  pulse with ``done``: RING_ERROR
+    busy : Out(1)  a COLL is taken and not done
 
     Timing: IDLE takes the command (1 cycle), the geometry starts the cycle after; each
     transition is registered (the next state follows the cycle a ``*_done`` is seen). RUN
@@ -326,9 +334,10 @@ class VspBeatReader(wiring.Component):
     en : In(1)  the node runs on the VSP: requests are taken, rows read, beats delivered
     busy : Out(1)  a beat is being read or awaits its rows
 
-    Timing: a request is taken in the cycle it is granted (when no other beat is being read
-    and fewer than 4 await their rows); its rows are asked for from the next cycle, one per
-    cycle the VSP grants; the beat goes back in the cycle its last row comes in.
+    Timing: a request is taken in the cycle it is granted (when no other beat's rows are
+    being asked for and fewer than 4 beats are in flight); its rows are asked for from the
+    next cycle, one per cycle the VSP grants; the beat goes back in the cycle its last row
+    comes in.
     """
 
     def __init__(self, *, data_bits, lanes, row_bits):
@@ -734,7 +743,19 @@ class HbmBeatReader(wiring.Component):
 
 
 class CollUnit(wiring.Component):
-    """Members
+    """The collective unit: a COLL from the issue stage, run on the card's ring node (see the
+    module's docstring).
+
+    Parameters
+    ----------
+    cfg : ApplianceConfig
+        A ring card's config: the node's sizes (hw/ring.py ``node_params``), the VSP's rows,
+        HBM's stripes. Raises ``ValueError`` for a link beat that is not whole VSP rows or
+        whole HBM channel beats (gen/config.py rejects such configs first).
+    timeout : int
+        Cycles of the node's run without progress before RING_ERROR.
+
+    Members
     -------
     cmd : In(stream(CollCmd)); done : Out(1) pulse per COLL (with ``err`` on a RING_ERROR)
     err : Out(1) pulse; err_pc : Out(24); busy : Out(1); progress : Out(1) pulse
@@ -745,6 +766,11 @@ class CollUnit(wiring.Component):
         COLL with hbm: runs of beats read from HBM, beats written (hw/dma/beats.py)
     tx_beats, rx_beats : Out(2)  payload beats sent / received this cycle
     retx, crc_error : Out(2)  frames sent again / received with a bad CRC this cycle
+
+    Timing: the command is taken in one cycle; then per ring direction 1 + DIV_BITS + N
+    cycles of geometry (``CollGeometry``), an all-gather's copy of its own block, the node's
+    run and the drain. ``done`` pulses in the cycle the last write is answered and the
+    prefetchers are empty, or the cycle after a failure is seen.
     """
 
     def __init__(self, cfg, *, timeout):

@@ -65,12 +65,14 @@ class HbmBeats(wiring.Component):
 
     def __init__(self, *, channels, hbm_bits, data_bits, run=16, runs=16, queue=8):
         if data_bits % hbm_bits or channels % (data_bits // hbm_bits):
-            raise ValueError(f"a {data_bits}-bit beat must be whole {hbm_bits}-bit channel beats "
-                             f"of one stripe row of {channels} channels")
+            raise ValueError(f"data_bits: got {data_bits}; allowed: whole {hbm_bits}-bit channel "
+                             f"beats of one stripe row of {channels} channels")
         self.C, self.HB, self.D = channels, hbm_bits, data_bits
         self.k = data_bits // hbm_bits
         self.per = channels // self.k
-        _log2(self.per)
+        if self.per & (self.per - 1):
+            raise ValueError(f"channels: got {channels}; allowed: a power of two of "
+                             f"{self.k}-channel groups")
         self.run, self.runs, self.queue = run, runs, queue
         # beats of a page: rows of a 4 KiB page of one channel, times the beats per row
         self.page_beats = page_beats(channels, hbm_bits, data_bits)

@@ -22,6 +22,8 @@ from typing import Any
 
 import yaml
 
+from hw.ring import MIN_LINK_BITS
+
 __all__ = [
     "ConfigError",
     "CoreConfig",
@@ -169,6 +171,27 @@ class ApplianceConfig:
         if self.core.xb_words < self.core.width:
             raise ConfigError(f"core.xb_words: got {self.core.xb_words}; allowed: at least "
                               f"core.width ({self.core.width})")
+        self._check_ring()
+
+    def _check_ring(self):
+        """What the ring node (every config emits one) and a ring card's collective unit need
+        of the link (hw/ring.py, hw/core/coll.py), checked before the hardware is built."""
+        D, hb, C = self.link.data_bits, self.hbm.data_bits, self.hbm.channels
+        if D < MIN_LINK_BITS:
+            raise ConfigError(f"link.data_bits: got {D}; allowed: at least {MIN_LINK_BITS} (the "
+                              f"collective node's frame trailer is 128 bits of a beat)")
+        if not self.ring_links:
+            return
+        B, P = D // 32, self.core.vector_lanes
+        if B % P:
+            raise ConfigError(f"core.vector_lanes: got {P}; allowed with cards > 1: a divisor of "
+                              f"link.data_bits / 32 = {B} (the collective unit moves a link beat "
+                              f"as whole VSP rows)")
+        per_row = C // (D // hb) if D % hb == 0 and C % (D // hb) == 0 else 0
+        if per_row == 0 or per_row & (per_row - 1):
+            raise ConfigError(f"link.data_bits: got {D}; allowed with cards > 1: a multiple of "
+                              f"hbm.data_bits ({hb}) that makes a power of two of link beats per "
+                              f"stripe row of hbm.channels = {C} (COLL on HBM)")
 
     # Derived figures -------------------------------------------------------------------
     @property

@@ -18,7 +18,7 @@ from pathlib import Path
 import amaranth
 from amaranth._toolchain.yosys import find_yosys
 from amaranth.back import rtlil
-from amaranth.hdl import Elaboratable, Signal, Value, ValueCastable
+from amaranth.hdl import Const, Elaboratable, Signal, Value, ValueCastable
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 
@@ -39,7 +39,7 @@ def flat_ports(component, sep="_"):
     for path, member, value in component.signature.flatten(component):
         if isinstance(value, ValueCastable):
             value = value.as_value()
-        if not isinstance(value, Value):
+        if not isinstance(value, Value) or isinstance(value, Const):
             continue   # a constant member (e.g. an always-ready stream's ready): not a port
         if member.flow == wiring.In:
             direction = PortDirection.Input

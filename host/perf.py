@@ -40,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.isa import BINARY_VOPS, REDUCE_VOPS, UNIT_OF, VOP_BY_CODE, VOPS, decode
+from hw.ring import DIV_BITS, beats
 
 __all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "DFX",
            "CALIBRATION", "recorded_calibration"]
@@ -385,7 +386,7 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     if cards == 1:
         return 0
     beat = cfg.link.data_bits // 8
-    nb = -(-words // (beat // 4))
+    nb = beats(words, beat // 4)
     dirs = 2 if cfg.topology == "bidirectional_ring" else 1
     frame = max(1, cfg.link.chunk_bytes // beat)
     lat = cfg.link.latency_cycles
@@ -400,7 +401,6 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     # On the card, the collective unit moves a beat as R rows through its one VSP port each way
     # (hw/core/coll.py), and first computes the geometry (a 22-step division and N table
     # entries per ring direction).
-    from hw.core.coll import DIV_BITS
     rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
     setup = dirs * (DIV_BITS + 2 + cards) + 3 if card else 0
     first, add, own = 0, 0, 0

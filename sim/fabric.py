@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.collective.node import NodeParams, node_params
+from hw import ring
+from hw.collective.engine import MemWrite
+from hw.ring import OPS, NodeParams, node_params
 
 from .ref import collective as ref
 from .toolchain import verilator_env, verilator_root
@@ -28,7 +30,6 @@ HARNESS = ROOT / "sim" / "cpp" / "fabric_sim.cpp"
 COMMON = ROOT / "sim" / "cpp" / "sim_common.h"
 LINT_VLT = ROOT / "gen" / "lint.vlt"
 BUILD_ROOT = ROOT / "sim_build"
-OPS = {"allgather": 0, "reducescatter": 1, "allreduce": 2}
 
 
 class LinkDead(RuntimeError):
@@ -51,10 +52,20 @@ def BUS_FACTOR(op, n):
 
 
 def _ports_header(ports, data_bits):
+    """bind(Vnode*, NodePorts&): the C++ harness's view of the node's ports, by Verilog name.
+
+    A memory read port (hw/stream.py ReadPort: ``req`` addresses, ``resp`` beats) is five
+    ports; a write port's payload (engine.MemWrite) is one Verilog port, bound as a view of
+    each field at its offset in that layout."""
     def ref_(name):
         bits = ports[name]
         expr = f"t->{name}.data()" if bits > 64 else f"&t->{name}"
         return f"Port{{static_cast<void*>({expr}), {bits}}}"
+
+    def field_ref(name, field):
+        assert ports[name] > 64 and field.offset % 32 == 0, (name, field)
+        return f"Port{{static_cast<void*>(t->{name}.data() + {field.offset // 32}), {field.width}}}"
+
     names = ["r_tx_valid", "r_tx_ready", "r_tx_payload", "r_rx_valid", "r_rx_ready", "r_rx_payload",
              "l_tx_valid", "l_tx_ready", "l_tx_payload", "l_rx_valid", "l_rx_ready", "l_rx_payload",
              "start", "busy", "op", "fp16", "cards", "card", "bidir", "chunk_log2", "group", "src", "dst",
@@ -65,11 +76,15 @@ def _ports_header(ports, data_bits):
     for n in names:
         lines.append(f"    p.{n} = {ref_(n)};")
     for k, (ch, port) in enumerate([("r", "rd_src"), ("r", "rd_op"), ("l", "rd_src"), ("l", "rd_op")]):
-        for sig in ("en", "ready", "addr", "rvalid", "data"):
-            lines.append(f"    p.rd[{k}].{sig} = {ref_(f'mem_{ch}_{port}_{sig}')};")
+        for cpp, sig in (("req_valid", "req_valid"), ("req_ready", "req_ready"), ("req_addr", "req_payload"),
+                         ("resp_valid", "resp_valid"), ("resp_data", "resp_payload")):
+            lines.append(f"    p.rd[{k}].{cpp} = {ref_(f'mem_{ch}_{port}_{sig}')};")
+    write = MemWrite(data_bits)
     for k, ch in enumerate("rl"):
-        for sig in ("en", "ready", "addr", "data"):
+        for sig in ("valid", "ready"):
             lines.append(f"    p.wr[{k}].{sig} = {ref_(f'mem_{ch}_wr_{sig}')};")
+        for name in ("addr", "data"):
+            lines.append(f"    p.wr[{k}].{name} = {field_ref(f'mem_{ch}_wr_payload', write[name])};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -184,7 +199,7 @@ def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional
     p = node_params(cfg)
     W = p.data_bits // 32
     n = elements
-    nb = -(-n // W)
+    nb = ring.beats(n, W)
     rng = np.random.default_rng(seed)
     if dtype == "fp32":
         vals = (rng.standard_normal((N, n)) * np.exp(rng.uniform(-2, 2, (N, n)))).astype(np.float32)
@@ -207,16 +222,11 @@ def run_collective(cfg, op, elements, *, cards=None, dtype="fp32", bidirectional
         fab.mem(i, (src_beats + i * nb) * (p.data_bits // 8) if op == "allgather" else 0, buf)
     # Geometry: per direction, the segment table and the longest segment's chunks.
     chunk_log2 = p.frame_beats.bit_length() - 1
-    parts = {d: (p0, pb) for p0, pb, d in ref.halves(nb, bidirectional)}
     maxc = {}
-    for d, (p0, pb) in parts.items():
-        if op == "allgather":
-            table = [(j * nb + p0, j * nb + p0, pb) for j in range(N)]
-        else:
-            table = [(p0 + s0, p0 + s0, sb) for s0, sb in ref.segments(pb, N)]
-        maxc[d] = max((-(-b // p.frame_beats) for _, _, b in table), default=0)
-        for j, (s, t, b) in enumerate(table):
-            fab.seg(int(d < 0), j, s, t, b)
+    for d, table in ring.segment_table(OPS[op], nb, N, bidirectional).items():
+        maxc[d] = max((ring.chunks(b, p.frame_beats) for _, b in table), default=0)
+        for j, (s, b) in enumerate(table):
+            fab.seg(int(d < 0), j, s, s, b)
     for i in range(N):
         src = src_beats if op == "allgather" else 0
         fab._lib.fab_config(fab._f, i, OPS[op], int(dtype == "fp16"), N, i, int(bidirectional),

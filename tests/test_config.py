@@ -70,6 +70,14 @@ CASES = {
     "inconsistent": (lambda d: d["core"].__setitem__("lanes", 8),
                      ["core.lanes x core.width: got 8 x 16", "256 bytes/cycle", "128 bytes/cycle"]),
     "not_a_mapping": (lambda d: d.__setitem__("hbm", [1, 2]), ["hbm: got a list"]),
+    # what the collective node and a ring card's collective unit need of the link
+    "link_too_narrow": (lambda d: d["link"].__setitem__("data_bits", 64),
+                        ["link.data_bits: got 64", "at least 128"]),
+    "beat_not_whole_rows": (lambda d: (d["core"].update(lanes=8, width=8, vector_lanes=8),
+                                       d["link"].__setitem__("data_bits", 128)),
+                            ["core.vector_lanes: got 8", "divisor of link.data_bits / 32 = 4"]),
+    "beat_not_whole_channel_beats": (lambda d: d["link"].__setitem__("data_bits", 128),
+                                     ["link.data_bits: got 128", "multiple of hbm.data_bits (256)"]),
 }
 
 
@@ -145,3 +153,13 @@ def test_binary_config_is_one_line(tmp_path, capsys):
     path.write_bytes(b"\xff\xfe\x00binary")
     rc, err = _run_emit(path, capsys)
     assert rc == 2 and len(err.strip().splitlines()) == 1 and "not a text file" in err
+
+
+def test_ring_checks_only_for_ring_cards():
+    """A one-card kernel has no collective unit: its link need not fit the VSP or HBM (the
+    node, emitted for every config, still needs 128 bits)."""
+    solo = load_config(TINY).replace(cards=1, **{"link.data_bits": 128})
+    assert solo.link.data_bits == 128 and not solo.ring_links
+    with pytest.raises(ConfigError, match=r"link.data_bits: got 64"):
+        load_config(TINY).replace(cards=1, **{"link.data_bits": 64})
+

@@ -23,6 +23,12 @@ Segment indices, right-hand ring (send to card i + 1), as in sim/ref/collective.
                                                                     within an all-reduce)
 The left-hand ring is the same with the offsets' signs flipped. The geometry (segment
 offsets and lengths, in beats) comes from a table the driver writes.
+
+A channel is three components around two FIFOs:
+
+    recv -> ChannelRx (receiving walk, operand reads) -> ReducePipe (fp32 adds) -+-> forward FIFO
+                                                                                 +-> write FIFO -> wr
+    send <- ChannelTx (sending walk: round 0 from local reads, later rounds from the forward FIFO)
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -31,37 +37,98 @@ from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hw import stream as hw_stream
 from hw.arith.units import Fp32Add, fp16_to_fp32_comb
+from hw.ring import MAX_CARDS, OP_AG, OP_AR
 
 from .link import Payload
 
-__all__ = ["RingChannel", "OP_AG", "OP_RS", "OP_AR", "SegEntry", "MAX_CARDS", "MemRead",
-           "MemWrite"]
+__all__ = ["RingChannel", "ChannelTx", "ChannelRx", "ReducePipe", "SegEntry", "ChannelConfig",
+           "Tag", "Meta", "ReduceIn", "ReduceOut", "MemReadPort", "MemWrite"]
 
-OP_AG, OP_RS, OP_AR = 0, 1, 2
-MAX_CARDS = 16
 SegEntry = data.StructLayout({"src": 32, "dst": 32, "beats": 32})
 
+# What a channel runs: set before ``start`` and held while it runs.
+ChannelConfig = data.StructLayout({
+    "op": 2, "fp16": 1, "cards": range(MAX_CARDS + 1), "card": range(MAX_CARDS), "left": 1,
+    "chunk_log2": 4, "group": 8, "src": 32, "dst": 32,
+    "max_chunks": 24,     # chunks of the longest segment
+    "check": 8,           # a byte every card must agree on (the card's: n and cop)
+})
 
-class MemRead(wiring.Signature):
-    """Read port of the node's memory (addresses in beats).
+# A frame's tag (the link layer carries it in the trailer): its chunk, the schedule step that
+# sent it, and the collective's check byte. A receiver compares it with what it expects.
+Tag = data.StructLayout({"chunk": 16, "step": 8, "check": 8})
 
-    A request goes when ``en`` and ``ready`` are both high (``en`` never waits for ``ready``);
-    replies come back in request order, any number of cycles later (at least one), as
-    ``rvalid`` with ``data``, and are always taken: the engine asks only for what it has room
-    for. Fits a private buffer (one cycle), the card's arbitrated scratchpad or HBM.
+# What a received beat carries through the reduction to the forward or write FIFO: whether
+# its operand is added (a reduce-scatter round), the frame's end, where it goes (the next
+# round's frame, the destination or both), the tag it is forwarded with and its address.
+Meta = data.StructLayout({"rs": 1, "last": 1, "fwd": 1, "wr": 1, "tag": Tag, "addr": 32})
+
+
+def ReduceIn(data_bits):
+    """A received beat, its operand (read for reduce-scatter rounds) and its meta."""
+    return data.StructLayout({"data": data_bits, "operand": data_bits, "meta": Meta})
+
+
+def ReduceOut(data_bits):
+    """The beat to forward or write (the sum, or the received beat) and its meta."""
+    return data.StructLayout({"data": data_bits, "meta": Meta})
+
+
+class MemReadPort(hw_stream.ReadPort):
+    """A read port of the node's memory (hw/stream.py's request/reply protocol).
+
+    A request on ``req`` is a beat address (``req.valid`` never waits for ``req.ready``); the
+    beats come back on ``resp`` in request order, any number of cycles later (at least one),
+    and are always taken: the engine asks only for what it has room for. Fits a private
+    buffer (one cycle), the card's arbitrated scratchpad or HBM.
     """
 
     def __init__(self, data_bits):
-        super().__init__({"en": Out(1), "ready": In(1), "addr": Out(32), "rvalid": In(1),
-                          "data": In(data_bits)})
+        self.data_bits = data_bits
+        super().__init__(32, data_bits)
 
 
-class MemWrite(wiring.Signature):
-    """Write port of the node's memory: a write goes when ``en`` and ``ready`` are high."""
+def MemWrite(data_bits):
+    """A write to the node's memory: a beat and its beat address (the write port is a
+    ``stream.Signature`` of them; a write goes when valid and ready)."""
+    return data.StructLayout({"addr": 32, "data": data_bits})
 
-    def __init__(self, data_bits):
-        super().__init__({"en": Out(1), "ready": In(1), "addr": Out(32), "data": Out(data_bits)})
+
+def _to_f32(m, beat, fp16, name):
+    """fp16 in the low half of each word -> fp32 words when ``fp16``, else the words."""
+    words = []
+    for w in range(len(beat) // 32):
+        word = beat[32 * w:32 * (w + 1)]
+        conv = fp16_to_fp32_comb(m, word[0:16], f"{name}{w}")
+        words.append(Mux(fp16, conv, word))
+    return Cat(*words)
+
+
+def _last_step(cfg):
+    """Tag (step) of the last frames a channel sends."""
+    N = cfg.cards
+    return Mux(cfg.op == OP_AR, 2 * N - 3, N - 2)
+
+
+def _seg(m, cfg, k, name):
+    """Segment i - k (right-hand ring) or i + k (left-hand ring), mod N; 0 <= k < 3N."""
+    N = cfg.cards
+    up = cfg.card + k
+    down = cfg.card + 3 * N - k
+    v = Mux(cfg.left, up, down)
+    for _ in range(4):
+        v = Mux(v >= N, v - N, v)
+    out = Signal(range(MAX_CARDS), name=name)
+    m.d.comb += out.eq(v)
+    return out
+
+
+def _chunks(cfg, seg):
+    """Chunks of segment entry ``seg``."""
+    cl = cfg.chunk_log2
+    return (seg.beats + (Const(1, 32) << cl) - 1) >> cl
 
 
 class _Walk:
@@ -92,202 +159,254 @@ class _Walk:
         return [self.g.eq(0), self.r.eq(0), self.c.eq(0), self.done.eq(0)]
 
 
-class RingChannel(wiring.Component):
-    """One direction of a ring collective.
+class ChannelTx(wiring.Component):
+    """The sending side of a ring channel: its walk of the schedule, frame by frame.
+
+    Round 0's frames are read from local memory (one beat per request, converted to fp32
+    unless all-gather) into an 8-beat local FIFO; later rounds' frames come from the forward
+    FIFO, which the receiving side fills in the same order. Chunks a segment does not have
+    are skipped, one a cycle.
 
     Members
     -------
-    start : In(1) pulse; done : Out(1) level (idle)
-    op, fp16, cards, card, left, chunk_log2, group, src, dst, max_chunks : In  configuration
-        (max_chunks: chunks of the longest segment)
-    seg_we, seg_addr, seg_data : In  the segment table
-    send : Out(stream(Payload)) to the link sender; recv : In(stream(Payload)) from the receiver
-    rd_src, rd_op : Out(MemRead); wr : Out(MemWrite)
-    order_error : Out(1) sticky: a received frame's tag is not the one the schedule expects
-    check : In(8)  a byte of the collective every card must agree on (the card's: n and cop),
-        carried in every frame's tag: tag = chunk (16 bits), step (8), check (8)
+    start : In(1)  pulse: back to the schedule's start (wins over the walk)
+    active : In(1)  the channel runs
+    config : In(ChannelConfig)
+    seg_addr : Out(range(MAX_CARDS)); seg : In(SegEntry)
+        the segment table, read asynchronously (the segment of the current round)
+    rd : Out(MemReadPort)  local reads
+    fwd : In(stream(Payload))  frames of rounds >= 1 (the forward FIFO's head)
+    send : Out(stream(Payload))  to the link sender
+    done : Out(1)  every frame of the schedule handed on (registered)
+    idle : Out(1)  no local read in flight or waiting (combinational)
+
+    Timing: at most 6 local beats asked for or waiting; a reply goes into the local FIFO the
+    cycle it arrives and can be sent the cycle after. Round 0's frames still in the local
+    FIFO go before a forwarded frame.
+
+    Parameters
+    ----------
+    data_bits : int
+        The link beat.
     """
 
     def __init__(self, *, data_bits):
         self.D = data_bits
-        self.W = data_bits // 32
         super().__init__({
-            "start": In(1), "done": Out(1),
-            "op": In(2), "fp16": In(1), "cards": In(range(MAX_CARDS + 1)),
-            "card": In(range(MAX_CARDS)), "left": In(1), "chunk_log2": In(4), "group": In(8),
-            "src": In(32), "dst": In(32), "max_chunks": In(24), "check": In(8),
-            "seg_we": In(1), "seg_addr": In(range(MAX_CARDS)), "seg_data": In(SegEntry),
+            "start": In(1), "active": In(1), "config": In(ChannelConfig),
+            "seg_addr": Out(range(MAX_CARDS)), "seg": In(SegEntry),
+            "rd": Out(MemReadPort(data_bits)),
+            "fwd": In(stream.Signature(Payload(data_bits))),
             "send": Out(stream.Signature(Payload(data_bits))),
-            "recv": In(stream.Signature(Payload(data_bits))),
-            "rd_src": Out(MemRead(data_bits)), "rd_op": Out(MemRead(data_bits)),
-            "wr": Out(MemWrite(data_bits)),
-            "order_error": Out(1),
+            "done": Out(1), "idle": Out(1),
         })
-
-    def _to_f32(self, m, beat, name):
-        """fp16 in the low half of each word -> fp32 words (in fp16 mode)."""
-        words = []
-        for w in range(self.W):
-            word = beat[32 * w:32 * (w + 1)]
-            conv = fp16_to_fp32_comb(m, word[0:16], f"{name}{w}")
-            words.append(Mux(self.fp16, conv, word))
-        return Cat(*words)
-
-    def _seg(self, m, k, name):
-        """Segment i - k (right-hand ring) or i + k (left-hand ring), mod N; 0 <= k < 3N."""
-        N = self.cards
-        up = self.card + k
-        down = self.card + 3 * N - k
-        v = Mux(self.left, up, down)
-        for _ in range(4):
-            v = Mux(v >= N, v - N, v)
-        out = Signal(range(MAX_CARDS), name=name)
-        m.d.comb += out.eq(v)
-        return out
 
     def elaborate(self, platform):
         m = Module()
-        D = self.D
-        N = self.cards
-        K = self.group
-        segs = Memory(shape=SegEntry, depth=MAX_CARDS, init=[])
-        m.submodules.segs = segs
-        sw = segs.write_port()
-        m.d.comb += [sw.en.eq(self.seg_we), sw.addr.eq(self.seg_addr), sw.data.eq(self.seg_data)]
-        seg_tx = segs.read_port(domain="comb")
-        seg_rx = segs.read_port(domain="comb")
-
-        active = Signal()
-        last_step = Mux(self.op == OP_AR, 2 * N - 3, N - 2)   # tag of the last frames sent
-        rounds = last_step + 2                                 # rounds per group (0 .. last+1)
-        cl = self.chunk_log2
-
-        def send_seg_k(step):       # k in "i -/+ k" of the segment sent with tag `step`
-            rs = (self.op != OP_AG) & (step < N - 1)
-            ag = Mux(self.op == OP_AR, step - (N - 1), step)
-            return Mux(rs, step + 1, ag)
-
-        # -- the sending walk --------------------------------------------------------------------
+        cfg, D = self.config, self.D
+        cl = cfg.chunk_log2
+        last_step = _last_step(cfg)
+        N = cfg.cards
         tw = _Walk("tx")
         t_round = tw.r                 # frames with tag = round (round last + 1 sends nothing)
-        m.d.comb += seg_tx.addr.eq(self._seg(m, send_seg_k(t_round), "jt"))
-        st = seg_tx.data
+        rs = (cfg.op != OP_AG) & (t_round < N - 1)
+        ag = Mux(cfg.op == OP_AR, t_round - (N - 1), t_round)
+        m.d.comb += self.seg_addr.eq(_seg(m, cfg, Mux(rs, t_round + 1, ag), "jt"))
+        st = self.seg
         t_chunk = tw.g + tw.c
-        t_nchunks = (st.beats + (Const(1, 32) << cl) - 1) >> cl
+        t_nchunks = _chunks(cfg, st)
         t_exists = (t_round <= last_step) & (t_chunk < t_nchunks)
         t_beats = Mux(t_chunk == t_nchunks - 1, st.beats - (t_chunk << cl), Const(1, 32) << cl)
         tb = Signal(16)                 # beat within the current frame
-        # round 0: local reads, one beat ahead into a FIFO; rounds >= 1: the forward FIFO
-        lf = SyncFIFOBuffered(width=D + 1 + 32, depth=8)
+
+        # round 0: local reads, one beat ahead into a FIFO, with their (last, tag) beside
+        lf = SyncFIFOBuffered(width=Payload(D).size, depth=8)
         m.submodules.lf = lf
-        fw = SyncFIFOBuffered(width=D + 1 + 32, depth=32)
-        m.submodules.fw = fw
-        # meta (last, tag) of the local reads in flight, readable the cycle after it is written
-        lm = SyncFIFO(width=1 + 32, depth=8)
+        LocalMeta = data.StructLayout({"last": 1, "tag": Tag})
+        lm = SyncFIFO(width=LocalMeta.size, depth=8)      # readable the cycle after it is written
         m.submodules.lm = lm
         l_out = Signal(range(16))       # local reads requested and not yet answered
-        local = active & ~tw.done & (t_round == 0)
+        local = self.active & ~tw.done & (t_round == 0)
         want_read = local & t_exists & ((lf.level + l_out) < 6)
-        can_read = want_read & self.rd_src.ready
-        m.d.comb += [self.rd_src.en.eq(want_read),
-                     self.rd_src.addr.eq(self.src + st.src + (t_chunk << cl) + tb)]
+        can_read = want_read & self.rd.req.ready
+        m.d.comb += [self.rd.req.valid.eq(want_read),
+                     self.rd.req.payload.eq(cfg.src + st.src + (t_chunk << cl) + tb)]
         frame_end = tb == t_beats - 1
-        with m.If(can_read):
-            with m.If(frame_end):
-                m.d.sync += tb.eq(0)
-                tw.advance(m, K, rounds, self.max_chunks)
-            with m.Else():
-                m.d.sync += tb.eq(tb + 1)
-        # forwarded frames are counted as they leave the forward FIFO (below)
-        skip = active & ~tw.done & ~t_exists
-        with m.If(skip):
-            tw.advance(m, K, rounds, self.max_chunks)
-        l_reply = self.rd_src.rvalid
+        l_reply = self.rd.resp.valid
         m.d.sync += l_out.eq(l_out + can_read - l_reply)
-        m.d.comb += [lm.w_en.eq(can_read),
-                     lm.w_data.eq(Cat(frame_end, t_chunk[0:16], Const(0, 8), self.check)),   # step 0
-                     lm.r_en.eq(l_reply)]
-        local_data = Mux(self.op == OP_AG, self.rd_src.data, self._to_f32(m, self.rd_src.data, "lc"))
-        m.d.comb += [lf.w_en.eq(l_reply), lf.w_data.eq(Cat(local_data, lm.r_data))]
+        lm_in = Signal(LocalMeta)
+        m.d.comb += [lm_in.last.eq(frame_end), lm_in.tag.chunk.eq(t_chunk[0:16]),
+                     lm_in.tag.step.eq(0), lm_in.tag.check.eq(cfg.check),
+                     lm.w_en.eq(can_read), lm.w_data.eq(lm_in), lm.r_en.eq(l_reply)]
+        local_in = Signal(Payload(D))
+        l_meta = LocalMeta(lm.r_data)
+        m.d.comb += [local_in.data.eq(Mux(cfg.op == OP_AG, self.rd.resp.payload,
+                                          _to_f32(m, self.rd.resp.payload, cfg.fp16, "lc"))),
+                     local_in.last.eq(l_meta.last), local_in.tag.eq(l_meta.tag),
+                     lf.w_en.eq(l_reply), lf.w_data.eq(local_in)]
+        m.d.comb += self.idle.eq((lf.level == 0) & (l_out == 0))
 
         # The link sender takes frames in schedule order: round 0 from the local FIFO, later
         # rounds from the forward FIFO (which the receiving walk fills in the same order).
-        # (Round 0's frames still in the local FIFO go first.)
-        fwd_turn = active & ~tw.done & (t_round != 0) & t_exists & (lf.level == 0) & (l_out == 0)
+        fwd_turn = self.active & ~tw.done & (t_round != 0) & t_exists & self.idle
         with m.If(fwd_turn):
-            m.d.comb += [self.send.valid.eq(fw.r_rdy), self.send.payload.data.eq(fw.r_data[0:D]),
-                         self.send.payload.last.eq(fw.r_data[D]),
-                         self.send.payload.tag.eq(fw.r_data[D + 1:D + 33]),
-                         fw.r_en.eq(self.send.ready)]
-            with m.If(fw.r_rdy & self.send.ready):
-                with m.If(fw.r_data[D]):
-                    tw.advance(m, K, rounds, self.max_chunks)
+            m.d.comb += [self.send.valid.eq(self.fwd.valid), self.send.payload.eq(self.fwd.payload),
+                         self.fwd.ready.eq(self.send.ready)]
         with m.Else():
-            m.d.comb += [self.send.valid.eq(lf.r_rdy), self.send.payload.data.eq(lf.r_data[0:D]),
-                         self.send.payload.last.eq(lf.r_data[D]),
-                         self.send.payload.tag.eq(lf.r_data[D + 1:D + 33]),
+            m.d.comb += [self.send.valid.eq(lf.r_rdy), self.send.payload.eq(lf.r_data),
                          lf.r_en.eq(self.send.ready)]
 
-        # -- the receiving walk -------------------------------------------------------------------
+        # the walk: a local frame's last read, a forwarded frame's last beat, or a skip
+        skip = self.active & ~tw.done & ~t_exists
+        with m.If(can_read):
+            with m.If(frame_end):
+                m.d.sync += tb.eq(0)
+            with m.Else():
+                m.d.sync += tb.eq(tb + 1)
+        fwd_last = fwd_turn & self.fwd.valid & self.send.ready & self.fwd.payload.last
+        with m.If((can_read & frame_end) | skip | fwd_last):
+            tw.advance(m, cfg.group, last_step + 2, cfg.max_chunks)
+        with m.If(self.start):
+            m.d.sync += [tb.eq(0), *tw.reset()]
+        m.d.comb += self.done.eq(tw.done)
+        return m
+
+
+class ChannelRx(wiring.Component):
+    """The receiving side of a ring channel: its walk of the schedule, beat by beat.
+
+    Each received beat is checked against the schedule (the frame's tag on its last beat),
+    and in reduce-scatter rounds its operand is read from local memory at the same time;
+    beats wait in a 32-deep FIFO for their operands, which the memory answers into another,
+    and leave on ``o`` (never held back) once both are there.
+
+    Parameters
+    ----------
+    data_bits : int
+        The link beat.
+
+    Members
+    -------
+    start : In(1)  pulse: back to the schedule's start, ``order_error`` cleared (wins)
+    active : In(1)  the channel runs
+    config : In(ChannelConfig)
+    seg_addr : Out(range(MAX_CARDS)); seg : In(SegEntry)  the segment table (asynchronous)
+    recv : In(stream(Payload))  from the link receiver
+    rd : Out(MemReadPort)  operand reads
+    room : In(1)  the FIFOs downstream have room for one more beat
+    o : Out(stream(ReduceIn, always_ready))  beats to reduce
+    taken : Out(1)  a beat was taken from ``recv`` (combinational)
+    done : Out(1)  every frame of the schedule received (registered)
+    order_error : Out(1)  sticky: a frame's tag is not the one the schedule expects
+    """
+
+    def __init__(self, *, data_bits):
+        self.D = data_bits
+        super().__init__({
+            "start": In(1), "active": In(1), "config": In(ChannelConfig),
+            "seg_addr": Out(range(MAX_CARDS)), "seg": In(SegEntry),
+            "recv": In(stream.Signature(Payload(data_bits))),
+            "rd": Out(MemReadPort(data_bits)), "room": In(1),
+            "o": Out(stream.Signature(ReduceIn(data_bits), always_ready=True)),
+            "taken": Out(1), "done": Out(1), "order_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg, D = self.config, self.D
+        N, cl = cfg.cards, cfg.chunk_log2
+        last_step = _last_step(cfg)
         rw = _Walk("rx")
         r_step = rw.r - 1               # tag of the frames received in round r (r >= 1)
         r_step8 = Signal(8)             # its tag field, exactly 8 bits wide
         m.d.comb += r_step8.eq(r_step)
-        r_rs = (self.op != OP_AG) & (r_step < N - 1)
-        r_ag = Mux(self.op == OP_AR, r_step - (N - 1), r_step)
-        m.d.comb += seg_rx.addr.eq(self._seg(m, Mux(r_rs, r_step + 2, r_ag + 1), "jr"))
-        sr = seg_rx.data
+        r_rs = (cfg.op != OP_AG) & (r_step < N - 1)
+        r_ag = Mux(cfg.op == OP_AR, r_step - (N - 1), r_step)
+        m.d.comb += self.seg_addr.eq(_seg(m, cfg, Mux(r_rs, r_step + 2, r_ag + 1), "jr"))
+        sr = self.seg
         r_chunk = rw.g + rw.c
-        r_nchunks = (sr.beats + (Const(1, 32) << cl) - 1) >> cl
-        r_exists = (rw.r != 0) & (r_chunk < r_nchunks)
+        r_exists = (rw.r != 0) & (r_chunk < _chunks(cfg, sr))
         rb = Signal(16)
         rv = self.recv
-        # Received beats wait in `pf` for their operand (reduce-scatter rounds), which the
-        # memory answers into `of` in request order; results to be written wait in `wf`.
-        # in_flight counts beats taken and not yet out of the adder pipeline; the budget keeps
-        # every FIFO from overflowing whatever the memory's latency.
-        Meta = data.StructLayout({"rs": 1, "last": 1, "fwd": 1, "wr": 1, "tag": 32, "addr": 32})
-        pf = SyncFIFO(width=D + Meta.size, depth=32)
-        of = SyncFIFO(width=D, depth=32)
-        wf = SyncFIFOBuffered(width=32 + D, depth=32)
-        m.submodules.pf, m.submodules.of, m.submodules.wf = pf, of, wf
-        in_flight = Signal(range(64))
-        room = (fw.level + wf.level + in_flight) < 32 - 2
-        pre = rv.valid & active & ~rw.done & r_exists & room
-        take = pre & (~r_rs | self.rd_op.ready)
-        m.d.comb += rv.ready.eq(take)
-        r_skip = active & ~rw.done & ~r_exists
-        with m.If(r_skip):
-            rw.advance(m, K, rounds, self.max_chunks)
+        pre = rv.valid & self.active & ~rw.done & r_exists & self.room
+        take = pre & (~r_rs | self.rd.req.ready)
+        m.d.comb += [rv.ready.eq(take), self.taken.eq(take)]
         off = (r_chunk << cl) + rb
-        m.d.comb += [self.rd_op.en.eq(pre & r_rs), self.rd_op.addr.eq(self.src + sr.src + off)]
+        m.d.comb += [self.rd.req.valid.eq(pre & r_rs), self.rd.req.payload.eq(cfg.src + sr.src + off)]
+        tag = Tag(rv.payload.tag)
         with m.If(take):
             with m.If(rv.payload.last):
                 m.d.sync += rb.eq(0)
-                rw.advance(m, K, rounds, self.max_chunks)
-                with m.If(rv.payload.tag != Cat(r_chunk[0:16], r_step8, self.check)):
+                with m.If((tag.chunk != r_chunk[0:16]) | (tag.step != r_step8) | (tag.check != cfg.check)):
                     m.d.sync += self.order_error.eq(1)
             with m.Else():
                 m.d.sync += rb.eq(rb + 1)
-        meta_in = Signal(Meta)
-        m.d.comb += [meta_in.rs.eq(r_rs), meta_in.last.eq(rv.payload.last),
-                     meta_in.fwd.eq(r_step < last_step),
-                     meta_in.wr.eq((r_rs & (r_step == N - 2)) | ~r_rs),
-                     meta_in.tag.eq(Cat(r_chunk[0:16], (r_step8 + 1)[0:8], self.check)),
-                     meta_in.addr.eq(self.dst + sr.dst + off),
-                     pf.w_en.eq(take), pf.w_data.eq(Cat(rv.payload.data, meta_in)),
-                     of.w_en.eq(self.rd_op.rvalid), of.w_data.eq(self.rd_op.data)]
-        head = Meta(pf.r_data[D:])
-        go = pf.r_rdy & (~head.rs | of.r_rdy)
-        m.d.comb += [pf.r_en.eq(go), of.r_en.eq(go & head.rs)]
-        s1 = Signal(data.StructLayout({"v": 1, "rs": 1, "last": 1, "fwd": 1, "wr": 1,
-                                       "tag": 32, "addr": 32}))
+        with m.If((take & rv.payload.last) | (self.active & ~rw.done & ~r_exists)):
+            rw.advance(m, cfg.group, last_step + 2, cfg.max_chunks)
+        with m.If(self.start):
+            m.d.sync += [rb.eq(0), *rw.reset(), self.order_error.eq(0)]
+        m.d.comb += self.done.eq(rw.done)
+
+        # Received beats wait in `pf` for their operand (reduce-scatter rounds), which the
+        # memory answers into `of` in request order.
+        Held = data.StructLayout({"data": D, "meta": Meta})
+        pf = SyncFIFO(width=Held.size, depth=32)
+        of = SyncFIFO(width=D, depth=32)
+        m.submodules.pf, m.submodules.of = pf, of
+        held_in = Signal(Held)
+        m.d.comb += [held_in.data.eq(rv.payload.data), held_in.meta.rs.eq(r_rs),
+                     held_in.meta.last.eq(rv.payload.last),
+                     held_in.meta.fwd.eq(r_step < last_step),
+                     held_in.meta.wr.eq((r_rs & (r_step == N - 2)) | ~r_rs),
+                     held_in.meta.tag.chunk.eq(r_chunk[0:16]), held_in.meta.tag.step.eq(r_step8 + 1),
+                     held_in.meta.tag.check.eq(cfg.check),
+                     held_in.meta.addr.eq(cfg.dst + sr.dst + off),
+                     pf.w_en.eq(take), pf.w_data.eq(held_in),
+                     of.w_en.eq(self.rd.resp.valid), of.w_data.eq(self.rd.resp.payload)]
+        head = Held(pf.r_data)
+        go = pf.r_rdy & (~head.meta.rs | of.r_rdy)
+        m.d.comb += [pf.r_en.eq(go), of.r_en.eq(go & head.meta.rs),
+                     self.o.valid.eq(go), self.o.payload.data.eq(head.data),
+                     self.o.payload.operand.eq(of.r_data), self.o.payload.meta.eq(head.meta)]
+        return m
+
+
+class ReducePipe(wiring.Component):
+    """Received beat + operand -> the beat to forward or write: fp32 additions, no stall.
+
+    Parameters
+    ----------
+    data_bits : int
+        The link beat (data_bits / 32 adders).
+
+    Members
+    -------
+    fp16 : In(1)  operands are fp16 (in the low half of each word): converted exactly first
+    i : In(stream(ReduceIn, always_ready))  a beat (``ChannelRx.o``)
+    o : Out(stream(ReduceOut, always_ready))  data = beat + operand word by word
+        (fp32, beat first) when ``meta.rs``, else the beat
+
+    Timing: 1 + Fp32Add.LATENCY cycles from ``i`` to ``o``, one beat a cycle; the input is
+    registered, the adders' pipelines follow, and the meta and the beat travel beside them.
+    """
+
+    def __init__(self, *, data_bits):
+        self.D, self.W = data_bits, data_bits // 32
+        super().__init__({
+            "fp16": In(1),
+            "i": In(stream.Signature(ReduceIn(data_bits), always_ready=True)),
+            "o": Out(stream.Signature(ReduceOut(data_bits), always_ready=True)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.D
+        s1 = Signal(data.StructLayout({"v": 1, "meta": Meta}))
         s1_in = Signal(D, reset_less=True)
         s1_op = Signal(D, reset_less=True)
-        m.d.sync += [s1.v.eq(go), s1.rs.eq(head.rs), s1.last.eq(head.last), s1.fwd.eq(head.fwd),
-                     s1.wr.eq(head.wr), s1.tag.eq(head.tag), s1.addr.eq(head.addr),
-                     s1_in.eq(pf.r_data[0:D]), s1_op.eq(of.r_data)]
-        operand = self._to_f32(m, s1_op, "op")
+        m.d.sync += [s1.v.eq(self.i.valid), s1.meta.eq(self.i.payload.meta),
+                     s1_in.eq(self.i.payload.data), s1_op.eq(self.i.payload.operand)]
+        operand = _to_f32(m, s1_op, self.fp16, "op")
         sums = []
         for w in range(self.W):
             add = Fp32Add()
@@ -300,22 +419,94 @@ class RingChannel(wiring.Component):
             nr = Signal.like(raw, name=f"pr{k}", reset_less=True)
             m.d.sync += [nm.eq(meta), nr.eq(raw)]
             meta, raw = nm, nr
-        result = Mux(meta.rs, Cat(*sums), raw)
-        m.d.sync += in_flight.eq(in_flight + take - meta.v)
-        m.d.comb += [fw.w_en.eq(meta.v & meta.fwd), fw.w_data.eq(Cat(result, meta.last, meta.tag))]
-        m.d.comb += [wf.w_en.eq(meta.v & meta.wr), wf.w_data.eq(Cat(meta.addr, result)),
-                     self.wr.en.eq(wf.r_rdy), self.wr.addr.eq(wf.r_data[0:32]),
-                     self.wr.data.eq(wf.r_data[32:]), wf.r_en.eq(self.wr.ready)]
+        m.d.comb += [self.o.valid.eq(meta.v), self.o.payload.meta.eq(meta.meta),
+                     self.o.payload.data.eq(Mux(meta.meta.rs, Cat(*sums), raw))]
+        return m
 
-        # -- start and finish -----------------------------------------------------------------------
+
+class RingChannel(wiring.Component):
+    """One direction of a ring collective.
+
+    Parameters
+    ----------
+    data_bits : int
+        The link beat.
+
+    Members
+    -------
+    start : In(1) pulse; done : Out(1) level (idle)
+    config : In(ChannelConfig)  held while the channel runs
+    seg_we, seg_addr, seg_data : In  the segment table
+    send : Out(stream(Payload)) to the link sender; recv : In(stream(Payload)) from the receiver
+    rd_src, rd_op : Out(MemReadPort); wr : Out(stream(MemWrite))
+    order_error : Out(1) sticky: a received frame's tag is not the one the schedule expects;
+        tag = chunk (16 bits), step (8), check (8)
+
+    Timing: a received beat reaches the forward or write FIFO 1 + Fp32Add.LATENCY cycles
+    after it is taken; the receiver takes beats only while the forward FIFO, the write FIFO
+    and the adders together hold fewer than 30, so no FIFO overflows whatever the memory's
+    latency. Done once every beat of this card's result is written and every beat it sends
+    is in the link layer, which keeps each frame until it is acknowledged and delivers it or
+    reports the link dead: the last acknowledgement's latency is not the collective's.
+    """
+
+    def __init__(self, *, data_bits):
+        self.D = data_bits
+        super().__init__({
+            "start": In(1), "done": Out(1), "config": In(ChannelConfig),
+            "seg_we": In(1), "seg_addr": In(range(MAX_CARDS)), "seg_data": In(SegEntry),
+            "send": Out(stream.Signature(Payload(data_bits))),
+            "recv": In(stream.Signature(Payload(data_bits))),
+            "rd_src": Out(MemReadPort(data_bits)), "rd_op": Out(MemReadPort(data_bits)),
+            "wr": Out(stream.Signature(MemWrite(data_bits))),
+            "order_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        D = self.D
+        segs = Memory(shape=SegEntry, depth=MAX_CARDS, init=[])
+        m.submodules.segs = segs
+        sw = segs.write_port()
+        m.d.comb += [sw.en.eq(self.seg_we), sw.addr.eq(self.seg_addr), sw.data.eq(self.seg_data)]
+        seg_tx = segs.read_port(domain="comb")
+        seg_rx = segs.read_port(domain="comb")
+        m.submodules.tx = tx = ChannelTx(data_bits=D)
+        m.submodules.rx = rx = ChannelRx(data_bits=D)
+        m.submodules.pipe = pipe = ReducePipe(data_bits=D)
+        fw = SyncFIFOBuffered(width=Payload(D).size, depth=32)       # frames to forward
+        wf = SyncFIFOBuffered(width=MemWrite(D).size, depth=32)      # results to write
+        m.submodules.fw, m.submodules.wf = fw, wf
+
+        active = Signal()
+        for side, seg in ((tx, seg_tx), (rx, seg_rx)):
+            m.d.comb += [side.start.eq(self.start), side.active.eq(active),
+                         side.config.eq(self.config), seg.addr.eq(side.seg_addr), side.seg.eq(seg.data)]
+        wiring.connect(m, tx.rd, wiring.flipped(self.rd_src))
+        wiring.connect(m, tx.send, wiring.flipped(self.send))
+        wiring.connect(m, rx.rd, wiring.flipped(self.rd_op))
+        wiring.connect(m, wiring.flipped(self.recv), rx.recv)
+        wiring.connect(m, rx.o, pipe.i)
+        m.d.comb += [pipe.fp16.eq(self.config.fp16), self.order_error.eq(rx.order_error)]
+
+        # the adders' results: forwarded as the next round's frames, and/or written
+        res = pipe.o.payload
+        fwd_in, wr_in = Signal(Payload(D)), Signal(MemWrite(D))
+        m.d.comb += [fwd_in.data.eq(res.data), fwd_in.last.eq(res.meta.last), fwd_in.tag.eq(res.meta.tag),
+                     fw.w_en.eq(pipe.o.valid & res.meta.fwd), fw.w_data.eq(fwd_in),
+                     tx.fwd.valid.eq(fw.r_rdy), tx.fwd.payload.eq(fw.r_data), fw.r_en.eq(tx.fwd.ready),
+                     wr_in.addr.eq(res.meta.addr), wr_in.data.eq(res.data),
+                     wf.w_en.eq(pipe.o.valid & res.meta.wr), wf.w_data.eq(wr_in),
+                     self.wr.valid.eq(wf.r_rdy), self.wr.payload.eq(wf.r_data), wf.r_en.eq(self.wr.ready)]
+        # beats taken and not yet out of the adders: the budget keeps every FIFO from overflowing
+        in_flight = Signal(range(64))
+        m.d.sync += in_flight.eq(in_flight + rx.taken - pipe.o.valid)
+        m.d.comb += rx.room.eq((fw.level + wf.level + in_flight) < 32 - 2)
+
         m.d.comb += self.done.eq(~active)
         with m.If(self.start):
-            m.d.sync += [active.eq(1), tb.eq(0), rb.eq(0), *tw.reset(), *rw.reset(),
-                         self.order_error.eq(0)]
-        # Done once every beat of this card's result is written and every beat it sends is in
-        # the link layer, which keeps each frame until it is acknowledged and delivers it or
-        # reports the link dead: the last acknowledgement's latency is not the collective's.
-        with m.Elif(active & tw.done & rw.done & (lf.level == 0) & (l_out == 0) & (fw.level == 0)
-                    & (in_flight == 0) & (wf.level == 0)):
+            m.d.sync += active.eq(1)
+        with m.Elif(active & tx.done & rx.done & tx.idle & (fw.level == 0) & (in_flight == 0)
+                    & (wf.level == 0)):
             m.d.sync += active.eq(0)
         return m

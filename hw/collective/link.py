@@ -23,8 +23,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["Trailer", "KIND_DATA", "KIND_ACK", "KIND_NAK", "LinkTx", "LinkRx", "LinkPort",
-           "CRC", "Beat", "Payload"]
+__all__ = ["Trailer", "FrameInfo", "KIND_DATA", "KIND_ACK", "KIND_NAK", "LinkTx", "LinkRx",
+           "LinkPort", "CRC", "Beat", "Payload"]
 
 KIND_DATA, KIND_ACK, KIND_NAK = 1, 2, 3
 SEQ_BITS = 16
@@ -33,6 +33,8 @@ Trailer = data.StructLayout({
     "kind": 2, "seq": SEQ_BITS, "ack": SEQ_BITS, "credit": SEQ_BITS, "len": 8, "pad": 6,
     "tag": 32, "crc": 32,
 })   # 128 bits: the low part of a trailer beat
+
+FrameInfo = data.StructLayout({"len": 8, "tag": 32})   # a received frame's payload beats and tag
 
 
 class _CRCProcessor(crc.Processor):
@@ -124,7 +126,7 @@ class LinkTx(wiring.Component):
         m.submodules.store = store
         sw = store.write_port()
         sr = store.read_port(transparent_for=())
-        trailers = Memory(shape=128, depth=WIN, init=[])
+        trailers = Memory(shape=Trailer, depth=WIN, init=[])
         m.submodules.trailers = trailers
         tw_ = trailers.write_port()
         tr_ = trailers.read_port(transparent_for=())
@@ -179,15 +181,15 @@ class LinkTx(wiring.Component):
             t2 = Signal(Trailer)
             m.d.comb += [t2.eq(f2.t), t2.crc.eq(Mux(f2.par, c1.crc, c0.crc))]
             slot_f2 = f2.t.seq[0:wbits] if wbits else Const(0, 1)
-            m.d.comb += [tw_.en.eq(1), tw_.addr.eq(slot_f2), tw_.data.eq(t2.as_value()),
+            m.d.comb += [tw_.en.eq(1), tw_.addr.eq(slot_f2), tw_.data.eq(t2),
                          lw.en.eq(1), lw.addr.eq(slot_f2), lw.data.eq(f2.t.len)]
             m.d.sync += next_seq.eq(f2.t.seq + 1)
 
         # -- send: payload beats of send_seq's slot, then its trailer ---------------------
-        out_fifo = SyncFIFOBuffered(width=D + 1, depth=8)
+        out_fifo = SyncFIFOBuffered(width=Beat(D).size, depth=8)
         m.submodules.out_fifo = out_fifo
-        m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.data.eq(out_fifo.r_data[0:D]),
-                     self.o.payload.last.eq(out_fifo.r_data[D]), out_fifo.r_en.eq(self.o.ready)]
+        m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.eq(out_fifo.r_data),
+                     out_fifo.r_en.eq(self.o.ready)]
         sending = Signal()
         b = Signal(8)                     # beat of the frame being read (F = the trailer)
         slot_send = send_seq[0:wbits] if wbits else Const(0, 1)
@@ -212,8 +214,9 @@ class LinkTx(wiring.Component):
                 m.d.sync += [sending.eq(0), send_seq.eq(send_seq + 1)]
             with m.Else():
                 m.d.sync += b.eq(b + 1)
-        m.d.comb += [out_fifo.w_en.eq(rd_pending),
-                     out_fifo.w_data.eq(Cat(Mux(rd_last, _trailer_beat(D, tr_.data), sr.data), rd_last))]
+        out_beat = Signal(Beat(D))
+        m.d.comb += [out_beat.data.eq(Mux(rd_last, _trailer_beat(D, tr_.data), sr.data)),
+                     out_beat.last.eq(rd_last), out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(out_beat)]
 
         # -- acknowledgements, go-back, timeout -----------------------------------------------
         timer = Signal(range(self.timeout + 1))
@@ -283,7 +286,7 @@ class LinkRx(wiring.Component):
         m.submodules.buf = buf
         bw = buf.write_port()
         br = buf.read_port(transparent_for=())
-        meta = Memory(shape=40, depth=R, init=[])          # len, tag
+        meta = Memory(shape=FrameInfo, depth=R, init=[])
         m.submodules.meta = meta
         mw = meta.write_port()
         mr = meta.read_port(domain="comb")
@@ -344,7 +347,8 @@ class LinkRx(wiring.Component):
                 m.d.comb += self.crc_error.eq(1)
             with m.If(good & (held.seq == expected) & ~chk.drop):
                 m.d.comb += [accept_now.eq(1),
-                             mw.en.eq(1), mw.addr.eq(slot_chk), mw.data.eq(Cat(held.len, held.tag))]
+                             mw.en.eq(1), mw.addr.eq(slot_chk), mw.data.len.eq(held.len),
+                             mw.data.tag.eq(held.tag)]
                 m.d.sync += [expected.eq(expected + 1), want_ack.eq(1)]
             with m.Elif(good & _behind(held.seq, expected)):
                 m.d.sync += want_ack.eq(1)          # a duplicate: tell the sender where we are
@@ -352,16 +356,14 @@ class LinkRx(wiring.Component):
                 m.d.sync += want_nak.eq(1)          # bad, or a gap: go back to expected
 
         # -- deliver -----------------------------------------------------------------------------
-        out_fifo = SyncFIFOBuffered(width=D + 1 + 32, depth=8)
+        out_fifo = SyncFIFOBuffered(width=Payload(D).size, depth=8)
         m.submodules.out_fifo = out_fifo
-        m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.data.eq(out_fifo.r_data[0:D]),
-                     self.o.payload.last.eq(out_fifo.r_data[D]),
-                     self.o.payload.tag.eq(out_fifo.r_data[D + 1:D + 33]),
+        m.d.comb += [self.o.valid.eq(out_fifo.r_rdy), self.o.payload.eq(out_fifo.r_data),
                      out_fifo.r_en.eq(self.o.ready)]
         slot_out = delivered[0:rbits] if rbits else Const(0, 1)
         m.d.comb += mr.addr.eq(slot_out)
-        dlen = mr.data[0:8]
-        dtag = mr.data[8:40]
+        dlen = mr.data.len
+        dtag = mr.data.tag
         d = Signal(8)
         rd_pending = Signal()
         rd_last = Signal()
@@ -375,7 +377,9 @@ class LinkRx(wiring.Component):
                 m.d.sync += [d.eq(0), delivered.eq(delivered + 1), want_ack.eq(1)]
             with m.Else():
                 m.d.sync += d.eq(d + 1)
-        m.d.comb += [out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(Cat(br.data, rd_last, rd_tag))]
+        out_beat = Signal(Payload(D))
+        m.d.comb += [out_beat.data.eq(br.data), out_beat.last.eq(rd_last), out_beat.tag.eq(rd_tag),
+                     out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(out_beat)]
 
         # -- control frames to send ---------------------------------------------------------------
         nak_due = want_nak & ~(nak_sent_for[SEQ_BITS] & (nak_sent_for[0:SEQ_BITS] == expected))

@@ -7,39 +7,16 @@ the N-card fabric simulation instantiates N times (with the node's memory modell
 on the card kernel it sits beside the core.
 """
 
-from dataclasses import dataclass
-
 from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .engine import MAX_CARDS, MemRead, MemWrite, RingChannel, SegEntry
+from hw.ring import MAX_CARDS, NodeParams, node_params
+
+from .engine import MemReadPort, MemWrite, RingChannel, SegEntry
 from .link import Beat, LinkPort
 
 __all__ = ["CollNode", "NodeParams", "node_params", "node_kwargs"]
-
-
-@dataclass(frozen=True)
-class NodeParams:
-    data_bits: int
-    frame_beats: int
-    group: int           # chunks in flight per round (K)
-    rx_frames: int       # receive buffer and send window, frames
-    timeout: int
-    retries: int
-
-
-def node_params(cfg):
-    """Link-layer sizes for a config: K chunks cover the link latency, buffers hold 2K frames."""
-    D = cfg.link.data_bits
-    if D < 128:
-        from gen.config import ConfigError
-        raise ConfigError(f"link.data_bits: got {D}; the collective engine needs at least 128")
-    F = max(1, cfg.link.chunk_bytes // (D // 8))
-    K = -(-(cfg.link.latency_cycles + F + 48) // F)
-    R = 1 << (2 * K - 1).bit_length()
-    timeout = 4 * cfg.link.latency_cycles + 2 * R * (F + 1) + 256
-    return NodeParams(D, F, K, R, timeout, 8)
 
 
 def node_kwargs(cfg):
@@ -57,7 +34,8 @@ class CollNode(wiring.Component):
     op, fp16, cards, card, bidir, chunk_log2, group, src, dst : In  configuration
     max_chunks_r, max_chunks_l : In  chunks of the longest segment, per ring direction
     seg_we, seg_left, seg_addr, seg_data : In  segment tables (one per direction)
-    mem_<ch>_<port> : the channels' memory ports (ch r/l; rd_src, rd_op, wr)
+    mem_<ch>_rd_src, mem_<ch>_rd_op : Out(MemReadPort); mem_<ch>_wr : Out(stream(MemWrite))
+        the channels' memory ports (ch r/l; engine.py)
     link_error : Out(2) sticky, per port; order_error : Out(1)
     retx, crc_error : Out(2)  frames sent again / received with a bad CRC this cycle (both ports)
     tx_beat_r, tx_beat_l, rx_beat_r, rx_beat_l : Out(1) pulses (wire beats)
@@ -87,9 +65,9 @@ class CollNode(wiring.Component):
             "pay_tx": Out(2), "pay_rx": Out(2),
         }
         for ch in ("r", "l"):
-            members[f"mem_{ch}_rd_src"] = Out(MemRead(data_bits))
-            members[f"mem_{ch}_rd_op"] = Out(MemRead(data_bits))
-            members[f"mem_{ch}_wr"] = Out(MemWrite(data_bits))
+            members[f"mem_{ch}_rd_src"] = Out(MemReadPort(data_bits))
+            members[f"mem_{ch}_rd_op"] = Out(MemReadPort(data_bits))
+            members[f"mem_{ch}_wr"] = Out(stream.Signature(MemWrite(data_bits)))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -110,11 +88,11 @@ class CollNode(wiring.Component):
         for ch, c in (("r", cr), ("l", cl)):
             for port in ("rd_src", "rd_op", "wr"):
                 wiring.connect(m, getattr(c, port), wiring.flipped(getattr(self, f"mem_{ch}_{port}")))
-            for name in ("op", "fp16", "cards", "card", "chunk_log2", "group", "src", "dst", "seg_addr",
-                         "seg_data", "check"):
-                m.d.comb += getattr(c, name).eq(getattr(self, name))
-        m.d.comb += [cr.left.eq(0), cl.left.eq(1),
-                     cr.max_chunks.eq(self.max_chunks_r), cl.max_chunks.eq(self.max_chunks_l),
+            for name in ("op", "fp16", "cards", "card", "chunk_log2", "group", "src", "dst", "check"):
+                m.d.comb += c.config[name].eq(getattr(self, name))
+            m.d.comb += [c.seg_addr.eq(self.seg_addr), c.seg_data.eq(self.seg_data)]
+        m.d.comb += [cr.config.left.eq(0), cl.config.left.eq(1),
+                     cr.config.max_chunks.eq(self.max_chunks_r), cl.config.max_chunks.eq(self.max_chunks_l),
                      cr.seg_we.eq(self.seg_we & ~self.seg_left), cl.seg_we.eq(self.seg_we & self.seg_left),
                      cr.start.eq(self.start), cl.start.eq(self.start & self.bidir)]
         m.d.comb += [self.busy.eq(~cr.done | ~cl.done),

@@ -39,6 +39,9 @@ def BeatWrite(data_bits):
 
 ReadRun = data.StructLayout({"beat": 32, "len": 8})
 
+# A burst queued for one channel: its first stripe row and AXI's len (beats - 1).
+_Burst = data.StructLayout({"row": 24, "len": 8})
+
 
 def page_beats(channels, hbm_bits, data_bits):
     """Link beats in the stripe rows of one 4 KiB page of a channel's buffer."""
@@ -62,12 +65,14 @@ class HbmBeats(wiring.Component):
 
     def __init__(self, *, channels, hbm_bits, data_bits, run=16, runs=16, queue=8):
         if data_bits % hbm_bits or channels % (data_bits // hbm_bits):
-            raise ValueError(f"a {data_bits}-bit beat must be whole {hbm_bits}-bit channel beats "
-                             f"of one stripe row of {channels} channels")
+            raise ValueError(f"data_bits: got {data_bits}; allowed: whole {hbm_bits}-bit channel "
+                             f"beats of one stripe row of {channels} channels")
         self.C, self.HB, self.D = channels, hbm_bits, data_bits
         self.k = data_bits // hbm_bits
         self.per = channels // self.k
-        _log2(self.per)
+        if self.per & (self.per - 1):
+            raise ValueError(f"channels: got {channels}; allowed: a power of two of "
+                             f"{self.k}-channel groups")
         self.run, self.runs, self.queue = run, runs, queue
         # beats of a page: rows of a 4 KiB page of one channel, times the beats per row
         self.page_beats = page_beats(channels, hbm_bits, data_bits)
@@ -107,9 +112,11 @@ class HbmBeats(wiring.Component):
             return range(h * k, h * k + k)
 
         # -- reads -------------------------------------------------------------------------
-        order = SyncFIFO(width=max(1, lp) + 9, depth=self.runs)
+        # each run in flight: the group of its first beat, its beats
+        Run = data.StructLayout({"group": max(1, lp), "len": 9})
+        order = SyncFIFO(width=Run.size, depth=self.runs)
         m.submodules.order = order
-        arq = [SyncFIFOBuffered(width=24 + 9, depth=Q) for _ in range(C)]
+        arq = [SyncFIFOBuffered(width=_Burst.size, depth=Q) for _ in range(C)]
         rq = [SyncFIFOBuffered(width=HB, depth=Q) for _ in range(C)]
         for c in range(C):
             m.submodules[f"arq{c}"] = arq[c]
@@ -119,16 +126,19 @@ class HbmBeats(wiring.Component):
         room = Signal()
         m.d.comb += room.eq(order.w_rdy & Cat(*[q.w_rdy for q in arq]).all())
         take = self.rd.req.valid & room
-        g0 = rb[0:lp] if lp else Const(0, 1)
-        m.d.comb += [self.rd.req.ready.eq(room), order.w_en.eq(take), order.w_data.eq(Cat(g0, rn))]
+        run_in = Signal(Run)
+        m.d.comb += [run_in.group.eq(rb[0:lp] if lp else 0), run_in.len.eq(rn),
+                     self.rd.req.ready.eq(room), order.w_en.eq(take), order.w_data.eq(run_in)]
         for h, (row, cnt) in enumerate(parts):
+            burst = Signal(_Burst, name=f"rd_burst{h}")
+            m.d.comb += [burst.row.eq(row[0:24]), burst.len.eq((cnt - 1)[0:8])]
             for c in chans(h):
                 axi = getattr(self, f"axi_r_{c}")
-                m.d.comb += [arq[c].w_en.eq(take & (cnt != 0)),
-                             arq[c].w_data.eq(Cat(row[0:24], (cnt - 1)[0:8])),
-                             axi.arid.eq(0), axi.arlen.eq(arq[c].r_data[24:32]), axi.arsize.eq(bshift),
+                head = _Burst(arq[c].r_data)
+                m.d.comb += [arq[c].w_en.eq(take & (cnt != 0)), arq[c].w_data.eq(burst),
+                             axi.arid.eq(0), axi.arlen.eq(head.len), axi.arsize.eq(bshift),
                              axi.arburst.eq(Burst.INCR),
-                             axi.araddr.eq(getattr(self, f"ptr_{c}") + (arq[c].r_data[0:24] << bshift)),
+                             axi.araddr.eq(getattr(self, f"ptr_{c}") + (head.row << bshift)),
                              axi.arvalid.eq(arq[c].r_rdy), arq[c].r_en.eq(axi.arready),
                              rq[c].w_en.eq(axi.rvalid), rq[c].w_data.eq(axi.rdata),
                              axi.rready.eq(rq[c].w_rdy)]
@@ -136,9 +146,9 @@ class HbmBeats(wiring.Component):
                     m.d.sync += self.err.eq(1)
         # join: beat i of the head run comes from group (g0 + i) % per
         i = Signal(9)
-        hg0 = order.r_data[0:max(1, lp)]
-        hlen = order.r_data[max(1, lp):]
-        grp = (hg0 + i)[0:lp] if lp else Const(0, 1)
+        head_run = Run(order.r_data)
+        hlen = head_run.len
+        grp = (head_run.group + i)[0:lp] if lp else Const(0, 1)
         for h in range(per):
             pieces = [rq[c] for c in chans(h)]
             with m.If(order.r_rdy & (grp == h)):
@@ -155,7 +165,7 @@ class HbmBeats(wiring.Component):
 
         # -- writes: beats gathered into runs -------------------------------------------------
         wq = [SyncFIFOBuffered(width=HB, depth=2 * Q) for _ in range(C)]
-        awq = [SyncFIFOBuffered(width=24 + 9, depth=Q) for _ in range(C)]
+        awq = [SyncFIFOBuffered(width=_Burst.size, depth=Q) for _ in range(C)]
         for c in range(C):
             m.submodules[f"wq{c}"] = wq[c]
             m.submodules[f"awq{c}"] = awq[c]
@@ -178,9 +188,10 @@ class HbmBeats(wiring.Component):
         m.d.comb += self.wr.ready.eq(w_take)
         do_close = close & aw_room
         for h, (row, cnt) in enumerate(wparts):
+            burst = Signal(_Burst, name=f"wr_burst{h}")
+            m.d.comb += [burst.row.eq(row[0:24]), burst.len.eq((cnt - 1)[0:8])]
             for c in chans(h):
-                m.d.comb += [awq[c].w_en.eq(do_close & (cnt != 0)),
-                             awq[c].w_data.eq(Cat(row[0:24], (cnt - 1)[0:8]))]
+                m.d.comb += [awq[c].w_en.eq(do_close & (cnt != 0)), awq[c].w_data.eq(burst)]
         for c in range(C):
             piece = self.wr.payload.data[HB * (c % k):HB * (c % k + 1)]
             m.d.comb += [wq[c].w_en.eq(w_take & (g_w == c // k)), wq[c].w_data.eq(piece)]
@@ -200,7 +211,8 @@ class HbmBeats(wiring.Component):
         for c in range(C):
             axi = getattr(self, f"axi_w_{c}")
             aw_done, wn = Signal(name=f"aw_done{c}"), Signal(9, name=f"wn{c}")
-            hrow, hlast = awq[c].r_data[0:24], awq[c].r_data[24:32]
+            head = _Burst(awq[c].r_data)
+            hrow, hlast = head.row, head.len
             m.d.comb += [axi.awid.eq(0), axi.awlen.eq(hlast), axi.awsize.eq(bshift),
                          axi.awburst.eq(Burst.INCR),
                          axi.awaddr.eq(getattr(self, f"ptr_{c}") + (hrow << bshift)),

@@ -8,24 +8,24 @@ together); B responses go back in AW order the same way. A channel held with VAL
 READY low keeps its manager, so what the subordinate sees obeys AXI's stability rule.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
+from hw.arbiter import RoundRobin
+
 __all__ = ["AxiReadMux", "AxiWriteMux"]
 
 
-def _round_robin(m, valids, last, sel):
-    """sel = the first manager after ``last`` whose valid is high (``last`` when none is)."""
-    M = len(valids)
-    m.d.comb += sel.eq(last)
-    with m.Switch(last):
-        for lst in range(M):
-            with m.Case(lst):
-                for q in reversed([(lst + 1 + o) % M for o in range(M)]):
-                    with m.If(valids[q]):
-                        m.d.comb += sel.eq(q)
+def _arbiter(m, valids, locked, held):
+    """The manager that owns the channel: the round-robin choice among ``valids``, or ``held``
+    while ``locked`` (offered to the arbiter as the only request, so that it is the grant and
+    becomes the last served when it goes)."""
+    m.submodules.arb = arb = RoundRobin(count=len(valids))
+    one_hot = Cat(*[held == i for i in range(len(valids))])
+    m.d.comb += arb.requests.eq(Mux(locked, one_hot, Cat(*valids)))
+    return arb
 
 
 class AxiReadMux(wiring.Component):
@@ -44,10 +44,9 @@ class AxiReadMux(wiring.Component):
         s = self.s
         order = SyncFIFO(width=max(1, (M - 1).bit_length()), depth=self.depth)
         m.submodules.order = order
-        last, held, choose = Signal(range(M)), Signal(range(M)), Signal(range(M))
-        locked = Signal()
-        _round_robin(m, [p.arvalid for p in mgr], last, choose)
-        cur = Mux(locked, held, choose)
+        held, locked = Signal(range(M)), Signal()
+        arb = _arbiter(m, [p.arvalid for p in mgr], locked, held)
+        cur = arb.grant
         ar_fields = ("arid", "araddr", "arlen", "arsize", "arburst")
         for i, p in enumerate(mgr):
             with m.If(cur == i):
@@ -55,9 +54,9 @@ class AxiReadMux(wiring.Component):
                 m.d.comb += [s.arvalid.eq(p.arvalid & order.w_rdy),
                              p.arready.eq(s.arready & order.w_rdy)]
         ar = s.arvalid & s.arready
-        m.d.comb += [order.w_en.eq(ar), order.w_data.eq(cur)]
+        m.d.comb += [order.w_en.eq(ar), order.w_data.eq(cur), arb.advance.eq(ar)]
         with m.If(ar):
-            m.d.sync += [locked.eq(0), last.eq(cur)]
+            m.d.sync += locked.eq(0)
         with m.Elif(s.arvalid):
             m.d.sync += [locked.eq(1), held.eq(cur)]
         head = order.r_data
@@ -86,10 +85,9 @@ class AxiWriteMux(wiring.Component):
         s = self.s
         order = SyncFIFO(width=max(1, (M - 1).bit_length()), depth=self.depth)
         m.submodules.order = order
-        last, held, choose = Signal(range(M)), Signal(range(M)), Signal(range(M))
-        locked, aw_done, w_done = Signal(), Signal(), Signal()
-        _round_robin(m, [p.awvalid for p in mgr], last, choose)
-        cur = Mux(locked, held, choose)
+        held, locked, aw_done, w_done = Signal(range(M)), Signal(), Signal(), Signal()
+        arb = _arbiter(m, [p.awvalid for p in mgr], locked, held)
+        cur = arb.grant
         aw_fields = ("awid", "awaddr", "awlen", "awsize", "awburst")
         w_fields = ("wdata", "wstrb", "wlast")
         for i, p in enumerate(mgr):
@@ -103,9 +101,9 @@ class AxiWriteMux(wiring.Component):
         aw = s.awvalid & s.awready
         w_end = s.wvalid & s.wready & s.wlast
         aw_ok, w_ok = aw_done | aw, w_done | w_end
-        m.d.comb += [order.w_en.eq(aw), order.w_data.eq(cur)]
+        m.d.comb += [order.w_en.eq(aw), order.w_data.eq(cur), arb.advance.eq(aw_ok & w_ok)]
         with m.If(aw_ok & w_ok):
-            m.d.sync += [locked.eq(0), aw_done.eq(0), w_done.eq(0), last.eq(cur)]
+            m.d.sync += [locked.eq(0), aw_done.eq(0), w_done.eq(0)]
         with m.Elif(s.awvalid | s.wvalid | locked):
             m.d.sync += [locked.eq(1), held.eq(cur), aw_done.eq(aw_ok), w_done.eq(w_ok)]
         head = order.r_data

@@ -22,8 +22,10 @@ namespace {
 using gptfpga::Link;
 using gptfpga::Port;
 
-struct MemRd { Port en, ready, addr, rvalid, data; };   // requests with backpressure, in-order replies
-struct MemWr { Port en, ready, addr, data; };
+// A memory read port (hw/stream.py ReadPort): addresses on req (with backpressure), beats on
+// resp in request order (always taken). A write port: a stream of (addr, data) payloads.
+struct MemRd { Port req_valid, req_ready, req_addr, resp_valid, resp_data; };
+struct MemWr { Port valid, ready, addr, data; };      // addr, data: fields of the payload
 
 struct NodePorts {
     Port r_tx_valid, r_tx_ready, r_tx_payload, r_rx_valid, r_rx_ready, r_rx_payload;
@@ -76,9 +78,9 @@ struct Fabric {
             for (int k = 0; k < 4; k++) {
                 auto& q = replies[i][k];
                 bool v = !q.empty() && q.front().due <= cycle;
-                p.rd[k].rvalid.set(v);
-                if (v) p.rd[k].data.set_bytes(q.front().data.data(), beat_bytes);
-                p.rd[k].ready.set(!stall());
+                p.rd[k].resp_valid.set(v);
+                if (v) p.rd[k].resp_data.set_bytes(q.front().data.data(), beat_bytes);
+                p.rd[k].req_ready.set(!stall());
             }
             for (int k = 0; k < 2; k++) p.wr[k].ready.set(!stall());
         }
@@ -99,9 +101,9 @@ struct Fabric {
             }
             for (int k = 0; k < 4; k++) {
                 auto& q = replies[i][k];
-                if (p.rd[k].rvalid.get()) q.pop_front();           // the engine always takes a reply
-                if (p.rd[k].en.get() && p.rd[k].ready.get()) {
-                    uint64_t a = p.rd[k].addr.get() * static_cast<uint64_t>(beat_bytes);
+                if (p.rd[k].resp_valid.get()) q.pop_front();           // the engine always takes a reply
+                if (p.rd[k].req_valid.get() && p.rd[k].req_ready.get()) {
+                    uint64_t a = p.rd[k].req_addr.get() * static_cast<uint64_t>(beat_bytes);
                     Reply r{cycle + mem_latency, std::vector<uint8_t>(beat_bytes, 0)};
                     if (mem_jitter) r.due += std::uniform_int_distribution<int>(0, mem_jitter)(mem_rng);
                     if (!q.empty()) r.due = std::max(r.due, q.back().due);
@@ -110,7 +112,7 @@ struct Fabric {
                 }
             }
             for (int k = 0; k < 2; k++) {
-                if (p.wr[k].en.get() && p.wr[k].ready.get()) {
+                if (p.wr[k].valid.get() && p.wr[k].ready.get()) {
                     uint64_t a = p.wr[k].addr.get() * static_cast<uint64_t>(beat_bytes);
                     if (a + beat_bytes <= mem[i].size()) p.wr[k].data.get_bytes(&mem[i][a], beat_bytes);
                 }

@@ -1,10 +1,11 @@
 """numpy reference of the ring collectives: what each card ends with, bit for bit.
 
 Buffers hold 32-bit words, ``W`` to a link beat. A card's vector of n elements is n words
-(fp32, or fp16 in the low half of each word), padded to whole beats. Segments are whole beats:
-segment j of a message of ``nb`` beats is beats [floor(j nb / N), floor((j + 1) nb / N)).
-With ``bidirectional``, the first ceil(nb / 2) beats travel the right-hand ring (card i sends
-to i + 1) and the rest the left-hand ring (i sends to i - 1), each split into N segments.
+(fp32, or fp16 in the low half of each word), padded to whole beats. The message's parts and
+segments are hw/ring.py's (the geometry the hardware computes): segment j of a part of ``pb``
+beats is beats [floor(j pb / N), floor((j + 1) pb / N)) of it; with ``bidirectional``, the
+first ceil(nb / 2) beats travel the right-hand ring (card i sends to i + 1) and the rest the
+left-hand ring (i sends to i - 1), each split into N segments.
 
 Orders (right-hand ring; the left-hand ring is the same with i - 1 and i + 1 swapped):
 - reduce-scatter: card i ends with segment i, summed in ring order starting at card i + 1:
@@ -17,22 +18,11 @@ Orders (right-hand ring; the left-hand ring is the same with i - 1 and i + 1 swa
 
 import numpy as np
 
+from hw.ring import beats, parts, segments
+
 from . import arith as A
 
-__all__ = ["segments", "halves", "reduce_order", "reference", "own_segments"]
-
-
-def segments(nb, N):
-    """[(first beat, beats)] of the N segments of a message of nb beats."""
-    return [(j * nb // N, (j + 1) * nb // N - j * nb // N) for j in range(N)]
-
-
-def halves(nb, bidirectional):
-    """[(first beat, beats, direction)] of the parts of a message (+1 right, -1 left)."""
-    if not bidirectional:
-        return [(0, nb, +1)]
-    a = -(-nb // 2)
-    return [(0, a, +1), (a, nb - a, -1)]
+__all__ = ["reduce_order", "reference", "own_segments"]
 
 
 def reduce_order(j, N, direction):
@@ -54,7 +44,7 @@ def reference(op, inputs, W, *, dtype="fp32", bidirectional=False):
     """
     inputs = np.asarray(inputs, np.uint32)
     N, n = inputs.shape
-    nb = -(-n // W)
+    nb = beats(n, W)
     x = np.zeros((N, nb * W), np.uint32)
     x[:, :n] = inputs
     if op == "allgather":
@@ -63,7 +53,7 @@ def reference(op, inputs, W, *, dtype="fp32", bidirectional=False):
     xf = np.stack([_to_f32(x[c], dtype) for c in range(N)])        # fp32 words
     reduced = np.zeros(nb * W, np.uint32)
     owner_parts = [[] for _ in range(N)]
-    for p0, pb, d in halves(nb, bidirectional):
+    for p0, pb, d in parts(nb, bidirectional):
         for j, (s0, sb) in enumerate(segments(pb, N)):
             lo, hi = (p0 + s0) * W, (p0 + s0 + sb) * W
             order = reduce_order(j, N, d)
@@ -84,6 +74,6 @@ def own_segments(buf, card, N, nb, W, bidirectional=False):
     (words at their offsets in the message): its segment of each part, concatenated, as
     ``reference`` returns them."""
     return np.concatenate([buf[(p0 + s0) * W:(p0 + s0 + sb) * W]
-                           for p0, pb, _d in halves(nb, bidirectional)
+                           for p0, pb, _d in parts(nb, bidirectional)
                            for j, (s0, sb) in enumerate(segments(pb, N)) if j == card]
                           or [np.zeros(0, np.uint32)])

@@ -12,13 +12,12 @@ import numpy as np
 
 from hw import regs
 from hw.isa import program_bytes
+from hw.ring import OP_NAMES, beats, parts, segments
 
 from . import collective as ref
 from .iss import IssDevice, IssError
 
-__all__ = ["IssRing", "COPS"]
-
-COPS = {0: "allgather", 1: "reducescatter", 2: "allreduce"}
+__all__ = ["IssRing"]
 
 
 class IssRing:
@@ -71,13 +70,13 @@ class IssRing:
         """Execute one COLL on every card; returns a per-card IssError or None."""
         N, B = self.N, self.B
         f0 = insns[0].fields
-        op, n = COPS.get(f0["cop"]), f0["n"]
+        op, n = OP_NAMES.get(f0["cop"]), f0["n"]
         errors = [None] * N
         if op is None:
             return [IssError("ILLEGAL_OPCODE")] * N
         if n == 0:
             return [IssError("BAD_FIELD")] * N
-        nb = -(-n // B)
+        nb = beats(n, B)
         out_words = N * nb * B if op == "allgather" else nb * B
         P = self.cfg.core.vector_lanes
         iss0 = self.devices[0].iss
@@ -116,13 +115,13 @@ class IssRing:
         inputs = np.stack([read(d.iss, insn.fields["src"], insn.fields["hbm"])
                            for d, insn in zip(self.devices, insns, strict=True)])
         outs = ref.reference(op, inputs, B, bidirectional=self.bidirectional)
-        parts = ref.halves(nb, self.bidirectional)
+        halves = parts(nb, self.bidirectional)
         for i, (dev, insn) in enumerate(zip(self.devices, insns, strict=True)):
             dst, hbm = insn.fields["dst"], insn.fields["hbm"]
             if op == "reducescatter":
                 k = 0
-                for p0, pb, _d in parts:
-                    s0, sb = ref.segments(pb, N)[i]
+                for p0, pb, _d in halves:
+                    s0, sb = segments(pb, N)[i]
                     write(dev.iss, dst, hbm, (p0 + s0) * B, outs[i][k:k + sb * B])
                     k += sb * B
             else:
@@ -137,10 +136,10 @@ class IssRing:
         """Beats card i sends in the ring schedule (both directions together, or direction
         ``only``: +1 the right-hand ring, -1 the left-hand one)."""
         N, total = self.N, 0
-        for _p0, pb, d in ref.halves(nb, self.bidirectional):
+        for _p0, pb, d in parts(nb, self.bidirectional):
             if only is not None and d != only:
                 continue
-            seg = ref.segments(pb, N)
+            seg = segments(pb, N)
             if op == "allgather":
                 total += (N - 1) * pb
                 continue

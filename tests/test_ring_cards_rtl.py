@@ -1,4 +1,5 @@
-"""COLL on the Verilated appliance: N card kernels joined by link models, against the ISS ring.
+"""COLL through the card kernel's collective unit (hw/core/coll.py) on the Verilated appliance:
+N card kernels joined by link models, against the ISS ring (test_ring_iss.py).
 
 Each card LOADs its own random fp32 vector, runs a sequence of all-reduces (in place and not),
 all-gathers and reduce-scatters of sizes the ring does not divide, some of them overlapping

@@ -1,4 +1,5 @@
-"""COLL on the ISS ring: the collective contract the card kernel's engine will meet.
+"""COLL on the ISS ring (sim/ref/ring.py): the collective contract the card kernel's engine
+meets (the Verilated cards: test_ring_cards_rtl.py; the bare node: test_collective_node.py).
 
 Results are checked against numpy float32 additions in the documented ring order (numpy's
 own IEEE arithmetic, not sim/ref/arith), placement per the ISA, link byte counters against

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from hw.ring import MIN_LINK_BITS
+from hw.ring import MIN_LINK_BITS, MIN_RING_LINK_BITS
 
 __all__ = [
     "ConfigError",
@@ -182,6 +182,10 @@ class ApplianceConfig:
                               f"collective node's frame trailer is 128 bits of a beat)")
         if not self.ring_links:
             return
+        if D < MIN_RING_LINK_BITS:
+            raise ConfigError(f"link.data_bits: got {D}; allowed with cards > 1: at least "
+                              f"{MIN_RING_LINK_BITS} (the collective unit's geometry holds "
+                              f"ceil((2^24 - 1) / (link.data_bits / 32)) beats in 22 bits)")
         B, P = D // 32, self.core.vector_lanes
         if B % P:
             raise ConfigError(f"core.vector_lanes: got {P}; allowed with cards > 1: a divisor of "

@@ -19,7 +19,7 @@ of the schedule each.
 from dataclasses import dataclass
 
 __all__ = ["MAX_CARDS", "OP_AG", "OP_RS", "OP_AR", "OPS", "OP_NAMES", "N_BITS", "MIN_LINK_BITS",
-           "DIV_BITS", "beats", "parts", "segments", "segment_table", "chunks", "NodeParams",
+           "MIN_RING_LINK_BITS", "DIV_BITS", "beats", "parts", "segments", "segment_table", "chunks", "NodeParams",
            "node_params"]
 
 MAX_CARDS = 16                      # cards in a ring at most (the segment tables' depth)
@@ -28,8 +28,11 @@ OPS = {"allgather": OP_AG, "reducescatter": OP_RS, "allreduce": OP_AR}
 OP_NAMES = {code: name for name, code in OPS.items()}
 N_BITS = 24                         # COLL's n: words of a card's input, at most 2^24 - 1
 MIN_LINK_BITS = 128                 # the link layer's trailer: 128 bits of a beat
-# The unit's divider: nb <= (2^24 - 1) / B + 1 <= 2^22 for B >= 4 (link.data_bits >= 128)
+# The collective unit's divider splits a part of pb <= nb = ceil((2^24 - 1) / B) beats in
+# DIV_BITS-bit registers: nb <= 2^21 for B >= 8, so a card with a ring needs link beats of
+# at least 256 bits (with 128, B = 4, nb reaches 2^22 and would not fit).
 DIV_BITS = 22
+MIN_RING_LINK_BITS = 256
 
 
 def beats(n, B):

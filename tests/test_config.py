@@ -73,11 +73,14 @@ CASES = {
     # what the collective node and a ring card's collective unit need of the link
     "link_too_narrow": (lambda d: d["link"].__setitem__("data_bits", 64),
                         ["link.data_bits: got 64", "at least 128"]),
-    "beat_not_whole_rows": (lambda d: (d["core"].update(lanes=8, width=8, vector_lanes=8),
-                                       d["link"].__setitem__("data_bits", 128)),
-                            ["core.vector_lanes: got 8", "divisor of link.data_bits / 32 = 4"]),
-    "beat_not_whole_channel_beats": (lambda d: d["link"].__setitem__("data_bits", 128),
-                                     ["link.data_bits: got 128", "multiple of hbm.data_bits (256)"]),
+    "ring_link_too_narrow": (lambda d: d["link"].__setitem__("data_bits", 128),
+                             ["link.data_bits: got 128", "with cards > 1: at least 256"]),
+    "beat_not_whole_rows": (lambda d: (d["core"].update(lanes=16, width=4, vector_lanes=16),
+                                       d["link"].__setitem__("data_bits", 256)),
+                            ["core.vector_lanes: got 16", "divisor of link.data_bits / 32 = 8"]),
+    "beat_not_whole_channel_beats": (lambda d: (d["hbm"].__setitem__("data_bits", 512), d["core"].update(width=32),
+                                                d["link"].__setitem__("data_bits", 256)),
+                                     ["link.data_bits: got 256", "multiple of hbm.data_bits (512)"]),
 }
 
 

@@ -60,9 +60,11 @@ def test_hardware_rejects_what_the_config_rejects():
     link = NS(**{**vars(tiny.link), "data_bits": 64})
     with pytest.raises(ValueError, match=r"^link.data_bits: got 64"):
         ring.node_params(NS(link=link))
-    for core, link_bits, match in ((dict(vector_lanes=8), 128, r"^core.vector_lanes: got 8"),
-                                   ({}, 128, r"^link.data_bits: got 128")):
-        cfg = NS(core=NS(**{**vars(tiny.core), **core}), hbm=tiny.hbm,
+    for core, hbm, link_bits, match in (
+            ({}, {}, 128, r"^link.data_bits: got 128; the collective unit needs at least 256"),
+            (dict(vector_lanes=16), {}, 256, r"^core.vector_lanes: got 16"),
+            ({}, dict(data_bits=512), 256, r"^link.data_bits: got 256; COLL on HBM")):
+        cfg = NS(core=NS(**{**vars(tiny.core), **core}), hbm=NS(**{**vars(tiny.hbm), **hbm}),
                  link=NS(**{**vars(tiny.link), "data_bits": link_bits}))
         with pytest.raises(ValueError, match=match):
             CollUnit(cfg, timeout=100)
@@ -123,3 +125,15 @@ def test_hardware_geometry_writes_the_tables(op, N, bidir):
         longest = {d: max(ring.chunks(b, F) for _, b in segs) for d, segs in want.items()}
         assert maxc == (longest[+1], longest.get(-1, 0)), nb
         assert cycles == len(want) * (1 + ring.DIV_BITS + N), (nb, cycles)
+
+
+def test_divider_holds_every_message_a_ring_card_accepts():
+    """The largest COLL (n = 2^24 - 1 words) on the narrowest link a ring card accepts fits the
+    collective unit's DIV_BITS-bit divider; a narrower link on a ring is refused by the config."""
+    from gen.config import ConfigError, load_config
+    from hw.ring import DIV_BITS, MIN_RING_LINK_BITS, N_BITS, beats
+    assert beats((1 << N_BITS) - 1, MIN_RING_LINK_BITS // 32) < 1 << DIV_BITS
+    assert beats((1 << N_BITS) - 1, MIN_RING_LINK_BITS // 64) >= 1 << DIV_BITS    # why 128 is refused
+    tiny = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml")
+    with pytest.raises(ConfigError, match=r"link.data_bits: got 128; allowed with cards > 1: at least 256"):
+        tiny.replace(**{"link.data_bits": 128, "core.vector_lanes": 4})

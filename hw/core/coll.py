@@ -48,7 +48,7 @@ from hw.collective.engine import MemReadPort, MemWrite, SegEntry
 from hw.collective.link import Beat
 from hw.collective.node import CollNode, node_kwargs
 from hw.dma.beats import BeatWrite, ReadRun, page_beats
-from hw.ring import DIV_BITS, MAX_CARDS, OP_AG, node_params
+from hw.ring import DIV_BITS, MAX_CARDS, MIN_RING_LINK_BITS, OP_AG, node_params
 
 from .cmds import CollCmd
 from .vsp import ReadPort, WritePort
@@ -779,6 +779,9 @@ class CollUnit(wiring.Component):
         self.params = node_params(cfg)
         self.D = self.params.data_bits
         self.B = self.D // 32
+        if self.D < MIN_RING_LINK_BITS:
+            raise ValueError(f"link.data_bits: got {self.D}; the collective unit needs at least "
+                             f"{MIN_RING_LINK_BITS} (its divider's DIV_BITS)")
         if self.B % self.P:
             raise ValueError(f"core.vector_lanes: got {self.P}; the collective unit needs a divisor "
                              f"of link.data_bits / 32 = {self.B}")

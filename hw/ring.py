@@ -19,8 +19,8 @@ of the schedule each.
 from dataclasses import dataclass
 
 __all__ = ["MAX_CARDS", "OP_AG", "OP_RS", "OP_AR", "OPS", "OP_NAMES", "N_BITS", "MIN_LINK_BITS",
-           "MIN_RING_LINK_BITS", "DIV_BITS", "beats", "parts", "segments", "segment_table", "chunks", "NodeParams",
-           "node_params"]
+           "MIN_RING_LINK_BITS", "DIV_BITS", "beats", "parts", "segments", "segment_table", "chunks",
+           "NodeParams", "node_params"]
 
 MAX_CARDS = 16                      # cards in a ring at most (the segment tables' depth)
 OP_AG, OP_RS, OP_AR = 0, 1, 2       # COLL's cop (hw/isa.py), the engine's op

@@ -78,7 +78,8 @@ CASES = {
     "beat_not_whole_rows": (lambda d: (d["core"].update(lanes=16, width=4, vector_lanes=16),
                                        d["link"].__setitem__("data_bits", 256)),
                             ["core.vector_lanes: got 16", "divisor of link.data_bits / 32 = 8"]),
-    "beat_not_whole_channel_beats": (lambda d: (d["hbm"].__setitem__("data_bits", 512), d["core"].update(width=32),
+    "beat_not_whole_channel_beats": (lambda d: (d["hbm"].__setitem__("data_bits", 512),
+                                                d["core"].update(width=32),
                                                 d["link"].__setitem__("data_bits", 256)),
                                      ["link.data_bits: got 256", "multiple of hbm.data_bits (512)"]),
 }

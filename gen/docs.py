@@ -171,6 +171,11 @@ def fig_arith():
     return "\n".join(lines)
 
 
+def synth_full(name):
+    from .synth import card_table
+    return card_table(_bench(f"synth-card-{name}")).rstrip("\n")
+
+
 def perf_full():
     from sim.bench import perf_table
     return perf_table(_bench("perf-u280x4"))
@@ -184,6 +189,7 @@ def perf_what_if():
 # Blocks of figures, by name: README's summaries and docs/performance.md's full tables.
 FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "perf": fig_perf,
            "resources": fig_resources, "arith": fig_arith,
+           "synth-u280x4": lambda: synth_full("u280x4"), "synth-tiny": lambda: synth_full("tiny"),
            "perf-full": perf_full, "perf-what-if": perf_what_if}
 _BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 
@@ -200,7 +206,8 @@ def with_figures(path):
 
 
 GENERATED = {"docs/configs.md": configs_md, "docs/isa.md": isa_md,
-             **{p: (lambda p=p: with_figures(p)) for p in ("README.md", "docs/performance.md")}}
+             **{p: (lambda p=p: with_figures(p)) for p in ("README.md", "docs/performance.md",
+                                                            "docs/resources.md")}}
 
 
 def stale():

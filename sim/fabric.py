@@ -306,8 +306,8 @@ def user_layout(cfg, op, inputs, outputs, *, dtype="fp32", bidirectional=False):
         for card, o in enumerate(outputs):
             o = values(o, False)
             k = 0                                  # in ref.own_segments' order
-            for p0, pb, _d in ref.halves(nb, bidirectional):
-                s0, sb = ref.segments(pb, N)[card]
+            for p0, pb, _d in ring.parts(nb, bidirectional):
+                s0, sb = ring.segments(pb, N)[card]
                 lo, hi = (p0 + s0) * W, (p0 + s0 + sb) * W
                 take = max(0, min(hi, n) - lo)
                 res[card, lo:lo + take] = o[k:k + take]

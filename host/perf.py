@@ -93,8 +93,9 @@ class CardModel:
     """Timing of one card's program. ``run(words)`` is a generator: it yields each COLL's
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
-    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None):
+    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=1):
         self.cfg, self.o = cfg, overheads
+        self.R = reuse          # token vectors meeting a weight tile per cycle (a what-if: 1 built)
         self.cards = cards or cfg.cards
         self.trace = [] if trace else None      # (pc, op, issue cycle, done cycle)
         c = cfg.core
@@ -271,15 +272,16 @@ class CardModel:
                     first += min(grp, rb) * self.lpr + 2
                 # the tiles of this MATVEC in stream order, and the minimum spacing of steps
                 gaps = []
+                per = -(-T // self.R)           # cycles a tile is held: ceil(T / R)
                 for g0 in range(0, rb, grp):
                     gs = min(grp, rb - g0)
-                    geff = gs * T
+                    geff = gs * per
                     for c in range(cb):
                         for r in range(gs):
                             if r == 0 and c > 0 and geff < ACC_REUSE:
-                                gaps.append(T + ACC_REUSE - geff)
+                                gaps.append(per + ACC_REUSE - geff)
                             else:
-                                gaps.append(T)
+                                gaps.append(per)
                 gaps = np.array(gaps, np.int64)
                 gaps[0] = 0
                 avail = tile_in[claimed:claimed + k] + 2
@@ -287,7 +289,7 @@ class CardModel:
                 steps = _chain(avail, gaps)
                 tile_out[claimed:claimed + k] = steps
                 claimed += k
-                last = int(steps[-1]) + T - 1
+                last = int(steps[-1]) + per - 1
                 mpu_last_step = last
                 unit_free["mpu"] = last + 1
                 outs = rb * T * self.lpr
@@ -420,13 +422,15 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     return int(math.ceil(steps * (lat + overheads.coll_hop + 2 * move) + first + setup + own + add))
 
 
-def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False):
+def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=1):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card).
     ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if). With
-    ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)]."""
+    ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)].
+    ``reuse``: token vectors meeting each weight tile per cycle (a what-if; the card has 1)."""
     cards = len(programs)
-    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace) for _ in programs]
+    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse)
+              for _ in programs]
     gens = [m.run(p) for m, p in zip(models, programs, strict=True)]
     results = [None] * cards
     waiting = [None] * cards
@@ -489,12 +493,15 @@ class StepCosts:
     sampled at a few positions and interpolated linearly in between (a step's cost grows
     linearly with its position: the attention over the KV cache)."""
 
-    def __init__(self, cfg, shape, cards, *, overheads=Overheads(), coll_algorithm="ring"):
+    def __init__(self, cfg, shape, cards, *, overheads=Overheads(), coll_algorithm="ring",
+                 reuse=1, max_tokens=None):
         from .compiler import CompiledModel, check_limits
         from .model import Gpt2
         check_limits(cfg, shape, "--model-shape")
         model = Gpt2(shape, None)
-        self.cms = [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
+        self.reuse = reuse
+        self.cms = [CompiledModel(cfg, model, card=i, cards=cards, max_tokens=max_tokens)
+                    for i in range(cards)]
         self.T, self.cfg, self.o = self.cms[0].T, cfg, overheads
         self.cards, self.shape, self.coll_algorithm = cards, shape, coll_algorithm
         self._memo = {}
@@ -504,7 +511,7 @@ class StepCosts:
         key = (tokens, pos0)
         if key not in self._memo:
             progs = [cm.step([0] * tokens, pos0) for cm in self.cms]
-            self._memo[key] = simulate(self.cfg, progs, overheads=self.o,
+            self._memo[key] = simulate(self.cfg, progs, overheads=self.o, reuse=self.reuse,
                                        coll_algorithm=self.coll_algorithm)["cycles"]
         return self._memo[key]
 

@@ -167,6 +167,27 @@ def test_model_waits_for_write_after_read():
     assert times[1][1][2] < times[1][0][3]
 
 
+def test_reuse_what_if_holds_a_tile_ceil_t_over_r_cycles():
+    """The weight-reuse what-if (CardModel's ``reuse``): a MATVEC of 8 tokens over 64 tiles
+    whose tiles are all in the FIFO holds each tile ceil(8 / R) cycles, so the matrix unit's
+    busy time falls by the tile count times the cycles saved; R = 1 is the card as built."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    prog = [encode("WLOAD", row=0, tiles=64), encode("FENCE"),
+            encode("MATVEC", xb=0, dst=0, rb=8, cb=8, group=8, tokens=8, xstride=128,
+                   dstride=32), encode("HALT")]
+
+    def busy(reuse):
+        g = perf.CardModel(cfg, reuse=reuse).run(prog)
+        with pytest.raises(StopIteration) as stop:
+            next(g)
+        return stop.value.value["mpu_busy"]
+
+    b = {r: busy(r) for r in (1, 2, 3, 8)}
+    for r in (2, 3, 8):
+        assert b[1] - b[r] == 64 * (8 - -(-8 // r)), b
+
+
 def test_prediction_never_beats_the_roofline():
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     for cards in (2, 4):

@@ -96,6 +96,13 @@ def arith_units():
     out.update({name: (cls, cls.LATENCY) for name, cls in SPECIALS.items()})
     for w in (16, 64):
         out[f"adder_tree_{w}"] = ((lambda w=w: AdderTree(w)), AdderTree.latency(w))
+    from hw.arith.dot import A_BITS, B_BITS, BlockAlign, Fp16Dot
+    for w in (16, 64):
+        out[f"bfp_dot_{w}"] = ((lambda w=w: Fp16Dot(w)), Fp16Dot.latency(w))
+        # the alignment alone: matrix unit v2 shares it (activations: by every lane; a
+        # weight row: by every token that meets it), so a lane's own cost is bfp_dot less it
+        out[f"block_align_{w}_x"] = ((lambda w=w: BlockAlign(w, A_BITS)), BlockAlign.latency(w))
+        out[f"block_align_{w}_w"] = ((lambda w=w: BlockAlign(w, B_BITS)), BlockAlign.latency(w))
     return out
 
 

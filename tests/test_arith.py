@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from hw.arith import SPECIALS, UNITS, AdderTree
+from hw.arith.dot import Fp16Dot
 from hw.arith.units import Fp32Max
 from sim.cocotb_run import ROOT, run_cocotb
 from sim.harness import UnitArray
@@ -25,6 +26,9 @@ for _name, _cls in SPECIALS.items():
     CASES[_name] = (_cls, _cls.LATENCY, (32,), 32, 4 if _name == "gelu" else 8)
 CASES[f"adder_tree_{TREE_WIDTH}"] = (lambda: AdderTree(TREE_WIDTH), AdderTree(TREE_WIDTH).LATENCY,
                                      (32 * TREE_WIDTH,), 32, 4)
+# matrix unit v2's dot product at tiny's width and at u280x4's
+for _w in (16, 64):
+    CASES[f"bfp_dot_{_w}"] = ((lambda w=_w: Fp16Dot(w)), Fp16Dot.latency(_w), (16 * _w, 16 * _w), 32, 2)
 
 
 def run_unit(name, seed, n_random):

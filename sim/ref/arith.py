@@ -27,7 +27,7 @@ from hw.arith import tables as T
 __all__ = [
     "F32_QNAN", "F16_QNAN",
     "fp16_mul_to_fp32", "fp32_add", "fp32_mul", "fp16_to_fp32", "fp32_to_fp16", "fp32_max",
-    "fp32_min", "int8_to_fp16", "adder_tree", "exp", "recip", "rsqrt", "gelu",
+    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "exp", "recip", "rsqrt", "gelu",
     "f32", "bits32", "EXP_TABLE", "RECIP_SEED", "RSQRT_SEED",
 ]
 
@@ -119,6 +119,56 @@ def adder_tree(x):
     while x.shape[-1] > 1:
         x = fp32_add(x[..., 0::2], x[..., 1::2])
     return x[..., 0]
+
+
+# -- block floating-point dot products (hw/arith/dot.py) ------------------------------------
+# Matrix unit v2's arithmetic: each block of fp16 values is aligned once to its largest
+# exponent as integers, the dot product is an exact integer sum, and one rounding makes it
+# fp32. docs/numerics.md states the contract.
+
+def _unpack16(h):
+    """(sign, exponent (subnormals and zeros at 1), 11-bit significand (0 for inf/NaN), nan,
+    inf, zero) of fp16 bit patterns, as int64 arrays and bool masks."""
+    h = np.asarray(h, np.uint16).astype(np.int64)
+    s, e, f = h >> 15, (h >> 10) & 0x1F, h & 0x3FF
+    special = e == 31
+    m = np.where(special, 0, np.where(e == 0, f, f | 0x400))
+    return s, np.maximum(e, 1), m, special & (f != 0), special & (f == 0), (e == 0) & (f == 0)
+
+
+def block_align(h, bits):
+    """Align each block (the last axis) of fp16 values to the block's largest exponent:
+    signed integers of ``bits`` magnitude bits, truncated toward zero, and the block's
+    exponent E, so that value ~= a * 2^(E - 14 - bits). A block with no finite nonzero value
+    has E = 1; infinities and NaNs align as 0 (bfp_dot's flags carry them)."""
+    s, e, m, nan, inf, _ = _unpack16(h)
+    e = np.where(nan | inf, 1, e)
+    E = e.max(axis=-1)
+    mag = (m << (bits - 11)) >> np.minimum(E[..., None] - e, 62)
+    return np.where(s == 1, -mag, mag), E
+
+
+def bfp_dot(w, x, *, a_bits=24, b_bits=17):
+    """Dot products of fp16 rows: w [..., W] (weights, aligned per row to ``b_bits``) and
+    x [..., W] (activations, aligned per block to ``a_bits``), broadcast against each other;
+    the exact integer sum, rounded once to fp32 (nearest even). +0 when the sum is 0.
+    Specials as IEEE gives them for the exact products: NaN if an input is NaN, an infinity
+    meets a zero, or infinities of both signs meet; otherwise the infinity of the products."""
+    w, x = np.broadcast_arrays(np.asarray(w, np.uint16), np.asarray(x, np.uint16))
+    b, ew = block_align(w, b_bits)
+    a, ex = block_align(x, a_bits)
+    total = (a * b).sum(axis=-1)                      # exact: |total| < 2^53
+    r = np.ldexp(total.astype(np.float64), (ex + ew - 28 - a_bits - b_bits).astype(np.int64))
+    out = r.astype(np.float32).view(np.uint32)        # one rounding of an exact value
+    sw, _, _, nw, iw, zw = _unpack16(w)
+    sx, _, _, nx, ix, zx = _unpack16(x)
+    pnan = nw | nx | (iw & zx) | (ix & zw)
+    pinf = (iw | ix) & ~pnan
+    neg = (sw ^ sx) == 1
+    ipos, ineg = (pinf & ~neg).any(axis=-1), (pinf & neg).any(axis=-1)
+    nan = pnan.any(axis=-1) | (ipos & ineg)
+    out = np.where(ipos, np.uint32(0x7F800000), np.where(ineg, np.uint32(0xFF800000), out))
+    return np.where(nan, F32_QNAN, out).astype(np.uint32)
 
 
 # -- special functions -----------------------------------------------------------------

@@ -176,10 +176,74 @@ def unit_vectors(name, n_random, rng):
         mix = _near(rng, 2000 * width, 1, 254).reshape(2000, width)
         rows = [c, sp, mix] + rows
         return (np.concatenate(rows),), A.adder_tree
+    if name.startswith("bfp_dot"):
+        return _dot_vectors(int(name.split("_")[-1]), n_random, rng), A.bfp_dot
     if name in ("exp", "recip", "rsqrt", "gelu"):
         return (np.concatenate([F32_SPECIALS, exhaustive_vectors()[0],
                                 _special_inputs(name, rng, n_random)]),), ref
     raise KeyError(name)
+
+
+def _f16_rows(rng, n, width, lo_exp, hi_exp):
+    """fp16 rows with exponents drawn per element from [lo_exp, hi_exp] (biased), random
+    signs and fractions: the exponent spread within a row is what alignment truncates."""
+    e = rng.integers(lo_exp, hi_exp + 1, (n, width)).astype(np.uint16)
+    f = rng.integers(0, 1 << 10, (n, width)).astype(np.uint16)
+    s = rng.integers(0, 2, (n, width)).astype(np.uint16)
+    return (s << 15) | (e << 10) | f
+
+
+def _dot_vectors(width, n_random, rng):
+    """(weights, activations) rows of ``width`` fp16 values for bfp_dot: corners, then rows
+    of narrow, wide and whole-range exponent spreads, then raw random bit patterns."""
+    n = 2000
+    rows_w, rows_x = [], []
+
+    def add(w, x):
+        rows_w.append(np.asarray(w, np.uint16).reshape(-1, width))
+        rows_x.append(np.asarray(x, np.uint16).reshape(-1, width))
+
+    z = np.zeros((1, width), np.uint16)
+    add(z, z)                                                     # all zero
+    add(z | 0x8000, z | 0x8000)                                   # -0 . -0 = +0
+    ones = np.full((1, width), 0x3C00, np.uint16)
+    add(ones, ones)
+    # cancellation: w . x pairs that cancel exactly, and nearly
+    w = _f16_rows(rng, n, width, 5, 25)
+    x = _f16_rows(rng, n, width, 5, 25)
+    w[:, 1::2], x[:, 1::2] = w[:, 0::2], x[:, 0::2] ^ np.uint16(0x8000)
+    x[n // 2:, 1] ^= np.uint16(1)
+    add(w, x)
+    # largest and smallest exponents in one row (fp16 max and min subnormal beside them)
+    w = _f16_rows(rng, n, width, 1, 30)
+    x = _f16_rows(rng, n, width, 1, 30)
+    w[:, 0], x[:, 0] = 0x7BFF, 0xFBFF
+    w[:, -1], x[:, -1] = 0x0001, 0x8001
+    add(w, x)
+    # subnormals throughout
+    add(rng.integers(0, 0x400, (n, width)) | (rng.integers(0, 2, (n, width)) << 15),
+        _f16_rows(rng, n, width, 0, 3))
+    # one special per row on either side (inf, NaN) against random and zero partners
+    for side in (0, 1):
+        w, x = _f16_rows(rng, n, width, 1, 30), _f16_rows(rng, n, width, 1, 30)
+        tgt = (w, x)[side]
+        cols = rng.integers(0, width, n)
+        tgt[np.arange(n), cols] = rng.choice(F16_SPECIALS[2:8], n)
+        other = (x, w)[side]
+        other[np.arange(n // 4), cols[:n // 4]] = rng.choice([0x0000, 0x8000], n // 4)
+        add(w, x)
+    # +inf and -inf in one row
+    w, x = _f16_rows(rng, n, width, 10, 20), _f16_rows(rng, n, width, 10, 20)
+    w[:, 0], w[:, 1], x[:, 0], x[:, 1] = 0x7C00, 0x7C00, 0x3C00, 0xBC00
+    add(w, x)
+    # random: a quarter narrow spread (values like a layer's), a quarter wide, half raw bits
+    q = n_random // 4
+    add(_f16_rows(rng, q, width, 10, 17), _f16_rows(rng, q, width, 12, 19))
+    add(_f16_rows(rng, q, width, 1, 30), _f16_rows(rng, q, width, 1, 30))
+    r = n_random - 2 * q
+    add(rng.integers(0, 1 << 16, (r, width), dtype=np.uint32).astype(np.uint16),
+        rng.integers(0, 1 << 16, (r, width), dtype=np.uint32).astype(np.uint16))
+    return np.concatenate(rows_w), np.concatenate(rows_x)
 
 
 def exhaustive_vectors():

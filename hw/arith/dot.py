@@ -1,0 +1,306 @@
+"""Block floating-point dot products: matrix unit v2's arithmetic (docs/numerics.md).
+
+A block of fp16 values is aligned once to its largest exponent, as two's-complement integers
+(:class:`BlockAlign`); a dot product of two aligned blocks is an exact integer sum of exact
+integer products (:class:`IntDot`: one DSP48E2 multiply per product, 25 x 18 bits, and an
+adder tree); one rounding makes it fp32 (:class:`BfpToFp32`). In the matrix unit the
+activations are aligned once per column block and shared by every lane, and a weight row
+once per tile and shared by every token that meets it: the alignment is paid per block, not
+per product. :class:`Fp16Dot` is one lane with both alignments, the unit the tests prove.
+
+Widths: activations keep ``A_BITS`` = 24 magnitude bits (exact within 2^13 of their block's
+largest value), weights ``B_BITS`` = 17 (exact within 2^6 of their row's largest), so that
+a product is one DSP48E2 multiply (27 x 18 signed). A sum of ``width`` products has fewer
+than A_BITS + B_BITS + log2(width) + 1 bits: no overflow for any width.
+
+Every stage is a few LUT levels or one carry chain between registers; datapath registers
+have no reset.
+
+Bit-exact reference: :func:`sim.ref.arith.bfp_dot`.
+"""
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from .fp import F32_QNAN, round_pack32
+from .pipe import delay
+
+__all__ = ["A_BITS", "B_BITS", "BlockAlign", "IntDot", "BfpToFp32", "Fp16Dot"]
+
+A_BITS = 24          # activations: magnitude bits after alignment (DSP48E2 A port: 27 signed)
+B_BITS = 17          # weights: magnitude bits after alignment (DSP48E2 B port: 18 signed)
+
+# An element's class beside its aligned value: bits of BlockAlign.flags, per element.
+NAN, INF, ZERO, SIGN = range(4)
+
+
+def _levels(width):
+    return (width - 1).bit_length()
+
+
+class BlockAlign(wiring.Component):
+    """Align ``width`` fp16 values to the largest exponent among them.
+
+    ``o`` holds each value as a two's-complement integer of ``bits`` + 1 bits, truncated
+    toward zero: value ~= o * 2^(e - 14 - bits); ``e`` is the block's exponent (biased, 1 for
+    zeros and subnormals, and for a block with no finite nonzero value). Infinities and NaNs
+    align as 0; ``flags`` carries each element's (nan, inf, zero, sign), 4 bits an element.
+
+    Stages: unpack; one pairwise-max level of the exponents per stage; the shift distances;
+    the shift; the sign. Latency ``latency(width)``.
+
+    Members
+    -------
+    a : ``In(16 * width)``, value 0 in the low bits
+    o : ``Out((bits + 1) * width)``; e : ``Out(5)``; flags : ``Out(4 * width)``
+    """
+
+    def __init__(self, width, bits):
+        if width < 2 or width & (width - 1):
+            raise ValueError(f"width must be a power of two >= 2, not {width!r}")
+        if not 11 <= bits <= 32:
+            raise ValueError(f"bits must be in [11, 32], not {bits!r}")
+        self.width, self.bits = width, bits
+        self.LATENCY = self.latency(width)
+        super().__init__({"a": In(16 * width), "o": Out((bits + 1) * width), "e": Out(5),
+                          "flags": Out(4 * width)})
+
+    @staticmethod
+    def latency(width):
+        return 1 + _levels(width) + 3
+
+    def elaborate(self, platform):
+        m = Module()
+        W, n = self.width, self.bits
+        sig, exp, neg, fl = [], [], [], []
+        for j in range(W):
+            h = self.a[16 * j:16 * (j + 1)]
+            e, f, s = h[10:15], h[0:10], h[15]
+            special = e == 0x1F
+            e1 = Signal(5, name=f"e1_{j}", reset_less=True)
+            m1 = Signal(11, name=f"m1_{j}", reset_less=True)
+            f1 = Signal(4, name=f"f1_{j}", reset_less=True)
+            m.d.sync += [e1.eq(Mux(special | (e == 0), 1, e)),
+                         m1.eq(Mux(special, 0, Cat(f, e != 0))),
+                         f1.eq(Cat(special & (f != 0), special & (f == 0), (e == 0) & (f == 0), s))]
+            exp.append(e1)
+            sig.append(m1)
+            fl.append(f1)
+            neg.append(f1[SIGN])
+        # the block's exponent: a pairwise max per stage while the values wait
+        level, k = exp, 0
+        while len(level) > 1:
+            nxt = []
+            for i in range(0, len(level), 2):
+                r = Signal(5, name=f"emax{k}_{i // 2}", reset_less=True)
+                a, b = level[i], level[i + 1]
+                m.d.sync += r.eq(Mux(a > b, a, b))
+                nxt.append(r)
+            level, k = nxt, k + 1
+        lv = _levels(W)
+        ed = [delay(m, x, lv, name=f"ed{j}_", reset_less=True)[-1] for j, x in enumerate(exp)]
+        md = [delay(m, x, lv + 1, name=f"md{j}_", reset_less=True)[-1] for j, x in enumerate(sig)]
+        fd = [delay(m, x, lv + 3, name=f"fd{j}_", reset_less=True)[-1] for j, x in enumerate(fl)]
+        sd = [delay(m, x, lv + 2, name=f"sd{j}_", reset_less=True)[-1] for j, x in enumerate(neg)]
+        E = level[0]
+        E2 = delay(m, E, 3, name="eout", reset_less=True)
+        outs = []
+        for j in range(W):
+            d = Signal(5, name=f"d{j}", reset_less=True)
+            m.d.sync += d.eq(E - ed[j])
+            mag = Signal(n, name=f"mag{j}", reset_less=True)
+            m.d.sync += mag.eq(Cat(Const(0, n - 11), md[j]) >> d)
+            o = Signal(signed(n + 1), name=f"al{j}", reset_less=True)
+            m.d.sync += o.eq(Mux(sd[j], -mag, mag))
+            outs.append(o)
+        m.d.comb += [self.o.eq(Cat(*outs)), self.e.eq(E2[-1]), self.flags.eq(Cat(*fd))]
+        return m
+
+
+class IntDot(wiring.Component):
+    """The exact integer dot product of two aligned blocks and IEEE's special result.
+
+    ``a`` (``a_bits`` + 1-bit integers) times ``b`` (``b_bits`` + 1), element by element, each
+    product through a multiplier's two pipeline registers (a DSP48E2's M and P), then a
+    pairwise adder tree, one level per stage. Beside it, the elements' classes give IEEE's
+    special result of the exact products: NaN if a NaN or an infinity times a zero is among
+    them, or infinities of both signs; else an infinity of the sign of those present.
+
+    Members
+    -------
+    a, fa : the first block and its flags (BlockAlign.o, BlockAlign.flags)
+    b, fb : the second
+    o : ``Out(signed(sum_bits))``, ``nan``, ``pinf``, ``ninf`` : ``Out(1)``
+    """
+
+    def __init__(self, width, a_bits, b_bits):
+        self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
+        self.sum_bits = self.bits(width, a_bits, b_bits)
+        self.LATENCY = self.latency(width)
+        super().__init__({"a": In((a_bits + 1) * width), "fa": In(4 * width),
+                          "b": In((b_bits + 1) * width), "fb": In(4 * width),
+                          "o": Out(signed(self.sum_bits)), "nan": Out(1), "pinf": Out(1),
+                          "ninf": Out(1)})
+
+    @staticmethod
+    def bits(width, a_bits, b_bits):
+        """The sum's width: |sum| < width * 2^(a_bits + b_bits)."""
+        return a_bits + b_bits + _levels(width) + 1
+
+    @staticmethod
+    def latency(width):
+        return 2 + _levels(width)
+
+    def elaborate(self, platform):
+        m = Module()
+        W, A, B = self.width, self.a_bits + 1, self.b_bits + 1
+        level = []
+        pn, pp, pm = [], [], []
+        for j in range(W):
+            x = self.a[A * j:A * (j + 1)].as_signed()
+            y = self.b[B * j:B * (j + 1)].as_signed()
+            p1 = Signal(signed(A + B), name=f"m{j}", reset_less=True)
+            p2 = Signal(signed(A + B), name=f"p{j}", reset_less=True)
+            m.d.sync += [p1.eq(x * y), p2.eq(p1)]
+            level.append(p2)
+            fx, fy = self.fa[4 * j:4 * (j + 1)], self.fb[4 * j:4 * (j + 1)]
+            nan = fx[NAN] | fy[NAN] | (fx[INF] & fy[ZERO]) | (fy[INF] & fx[ZERO])
+            inf = (fx[INF] | fy[INF]) & ~nan
+            neg = fx[SIGN] ^ fy[SIGN]
+            pn.append(nan)
+            pp.append(inf & ~neg)
+            pm.append(inf & neg)
+        k, bits = 0, A + B
+        while len(level) > 1:
+            bits += 1
+            nxt = []
+            for i in range(0, len(level), 2):
+                r = Signal(signed(bits), name=f"s{k}_{i // 2}", reset_less=True)
+                m.d.sync += r.eq(level[i] + level[i + 1])
+                nxt.append(r)
+            level, k = nxt, k + 1
+        # the classes: one OR level, then carried beside the sum
+        any_n, any_p, any_m = (Signal(name=n, reset_less=True) for n in ("any_nan", "any_pinf", "any_ninf"))
+        m.d.sync += [any_n.eq(Cat(*pn).any()), any_p.eq(Cat(*pp).any()), any_m.eq(Cat(*pm).any())]
+        nan = Signal(reset_less=True)
+        pinf = Signal(reset_less=True)
+        ninf = Signal(reset_less=True)
+        m.d.sync += [nan.eq(any_n | (any_p & any_m)), pinf.eq(any_p), ninf.eq(any_m)]
+        rest = self.LATENCY - 2
+        m.d.comb += [self.o.eq(level[0]),
+                     self.nan.eq(delay(m, nan, rest, name="nan_d", reset_less=True)[-1] if rest else nan),
+                     self.pinf.eq(delay(m, pinf, rest, name="pinf_d", reset_less=True)[-1] if rest else pinf),
+                     self.ninf.eq(delay(m, ninf, rest, name="ninf_d", reset_less=True)[-1] if rest else ninf)]
+        return m
+
+
+class BfpToFp32(wiring.Component):
+    """An integer ``s`` worth s * 2^(e - bias) rounded to fp32 (nearest even), or the special
+    result the flags name (NaN over infinity). A zero sum gives +0.
+
+    Stages: magnitude and sign; normalization, two shift steps (32, 16, ... 1) a stage; round
+    and pack. ``e`` arrives with ``s`` (any unsigned width); ``bias`` is a constant.
+
+    Members
+    -------
+    s : ``In(signed(sum_bits))``; e : ``In(e_bits)``; nan, pinf, ninf : ``In(1)``
+    o : ``Out(32)``
+    """
+
+    def __init__(self, sum_bits, e_bits, bias):
+        self.sum_bits, self.e_bits, self.bias = sum_bits, e_bits, bias
+        n = sum_bits - 1
+        if n < 25:
+            raise ValueError(f"sum_bits must be at least 26, not {sum_bits}")
+        self._steps = self._shifts(n)
+        self.LATENCY = self.latency(sum_bits)
+        super().__init__({"s": In(signed(sum_bits)), "e": In(e_bits), "nan": In(1),
+                          "pinf": In(1), "ninf": In(1), "o": Out(32)})
+
+    @staticmethod
+    def _shifts(n):
+        return [1 << k for k in range(5, -1, -1) if (1 << k) < n]
+
+    @classmethod
+    def latency(cls, sum_bits):
+        return 1 + -(-len(cls._shifts(sum_bits - 1)) // 2) + 1
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.sum_bits - 1
+        cbits = n.bit_length()
+        mag = Signal(n, name="mag", reset_less=True)
+        sign = Signal(reset_less=True)
+        e = Signal(self.e_bits, name="e1", reset_less=True)
+        cls = Signal(3, name="cls1", reset_less=True)
+        m.d.sync += [mag.eq(Mux(self.s < 0, -self.s, self.s)), sign.eq(self.s < 0), e.eq(self.e),
+                     cls.eq(Cat(self.nan, self.pinf, self.ninf))]
+        cnt = Const(0, cbits)
+        steps = list(self._steps)
+        stage = 0
+        while steps:
+            pair, steps = steps[:2], steps[2:]
+            v, c = mag, cnt
+            for k in pair:
+                top = v[n - k:n] == 0
+                v, c = Mux(top, Cat(Const(0, k), v[0:n - k]), v), Mux(top, c + k, c)
+            mag2 = Signal(n, name=f"nrm{stage}", reset_less=True)
+            cnt2 = Signal(cbits, name=f"cnt{stage}", reset_less=True)
+            sign2 = Signal(name=f"sg{stage}", reset_less=True)
+            e2 = Signal(self.e_bits, name=f"e_{stage}", reset_less=True)
+            cls2 = Signal(3, name=f"cls_{stage}", reset_less=True)
+            m.d.sync += [mag2.eq(v), cnt2.eq(c), sign2.eq(sign), e2.eq(e), cls2.eq(cls)]
+            mag, cnt, sign, e, cls, stage = mag2, cnt2, sign2, e2, cls2, stage + 1
+        zero = mag[n - 1] == 0            # normalized: the top bit is set unless the sum was 0
+        sig = mag[n - 24:n]
+        guard = mag[n - 25]
+        sticky = mag[0:n - 25].any() if n > 25 else Const(0, 1)
+        # sig (leading one at bit 23) is worth sig * 2^(exp - 150): exp = n - 24 - cnt + e
+        # - bias + 150
+        exp = Signal(signed(12), name="xexp")
+        m.d.comb += exp.eq(e + (n + 126 - self.bias) - cnt)
+        packed = round_pack32(m, sign=sign & ~zero, exp=exp, sig=sig, guard=guard, sticky=sticky,
+                              zero=zero, inf=0, nan=0, name="pk")
+        nan, pinf, ninf = cls[0], cls[1], cls[2]
+        m.d.sync += self.o.eq(Mux(nan, F32_QNAN, Mux(pinf, 0x7F800000, Mux(ninf, 0xFF800000, packed))))
+        return m
+
+
+class Fp16Dot(wiring.Component):
+    """One lane of matrix unit v2: the dot product of ``width`` fp16 weights (``a``, aligned to
+    B_BITS) and fp16 activations (``b``, aligned to A_BITS) as fp32, per
+    :func:`sim.ref.arith.bfp_dot`. Latency ``latency(width)``.
+
+    Members
+    -------
+    a, b : ``In(16 * width)``; o : ``Out(32)``
+    """
+
+    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS):
+        self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
+        self.LATENCY = self.latency(width, a_bits, b_bits)
+        super().__init__({"a": In(16 * width), "b": In(16 * width), "o": Out(32)})
+
+    @staticmethod
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS):
+        return (BlockAlign.latency(width) + IntDot.latency(width)
+                + BfpToFp32.latency(IntDot.bits(width, a_bits, b_bits)))
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.width
+        m.submodules.wal = wal = BlockAlign(W, self.b_bits)
+        m.submodules.xal = xal = BlockAlign(W, self.a_bits)
+        m.submodules.dot = dot = IntDot(W, self.a_bits, self.b_bits)
+        # value = sum * 2^(ex + ew - 28 - a_bits - b_bits)
+        m.submodules.cvt = cvt = BfpToFp32(dot.sum_bits, 6, 28 + self.a_bits + self.b_bits)
+        esum = Signal(6, name="esum", reset_less=True)
+        m.d.sync += esum.eq(xal.e + wal.e)
+        e_at = delay(m, esum, dot.LATENCY - 1, name="esum_d", reset_less=True)
+        m.d.comb += [wal.a.eq(self.a), xal.a.eq(self.b),
+                     dot.a.eq(xal.o), dot.fa.eq(xal.flags), dot.b.eq(wal.o), dot.fb.eq(wal.flags),
+                     cvt.s.eq(dot.o), cvt.e.eq(e_at[-1] if e_at else esum),
+                     cvt.nan.eq(dot.nan), cvt.pinf.eq(dot.pinf), cvt.ninf.eq(dot.ninf),
+                     self.o.eq(cvt.o)]
+        return m

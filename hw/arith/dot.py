@@ -25,11 +25,9 @@ from amaranth.lib.wiring import In, Out
 
 from .fp import F32_QNAN, round_pack32
 from .pipe import delay
+from .tables import A_BITS, B_BITS
 
 __all__ = ["A_BITS", "B_BITS", "BlockAlign", "IntDot", "BfpToFp32", "Fp16Dot"]
-
-A_BITS = 24          # activations: magnitude bits after alignment (DSP48E2 A port: 27 signed)
-B_BITS = 17          # weights: magnitude bits after alignment (DSP48E2 B port: 18 signed)
 
 # An element's class beside its aligned value: bits of BlockAlign.flags, per element.
 NAN, INF, ZERO, SIGN = range(4)

@@ -41,3 +41,8 @@ RSQRT_SEED = ([f32_bits(1 / math.sqrt(1 + (i + 0.5) / 64)) for i in range(64)] +
 
 GELU_C = f32_bits(0.044715)
 GELU_NEG_2S = f32_bits(-2 * math.sqrt(2 / math.pi))
+
+# Block floating-point dot products (hw/arith/dot.py, sim.ref.arith.bfp_dot): magnitude bits
+# kept by the alignment of activations and of weights (docs/numerics.md).
+A_BITS = 24          # DSP48E2 A port: 27 bits signed
+B_BITS = 17          # DSP48E2 B port: 18 bits signed

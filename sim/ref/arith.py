@@ -148,13 +148,22 @@ def block_align(h, bits):
     return np.where(s == 1, -mag, mag), E
 
 
-def bfp_dot(w, x, *, a_bits=24, b_bits=17):
+_CHUNK = 1 << 16
+
+
+def bfp_dot(w, x, *, a_bits=T.A_BITS, b_bits=T.B_BITS):
     """Dot products of fp16 rows: w [..., W] (weights, aligned per row to ``b_bits``) and
     x [..., W] (activations, aligned per block to ``a_bits``), broadcast against each other;
     the exact integer sum, rounded once to fp32 (nearest even). +0 when the sum is 0.
     Specials as IEEE gives them for the exact products: NaN if an input is NaN, an infinity
     meets a zero, or infinities of both signs meet; otherwise the infinity of the products."""
     w, x = np.broadcast_arrays(np.asarray(w, np.uint16), np.asarray(x, np.uint16))
+    rows = int(np.prod(w.shape[:-1]))
+    if rows > _CHUNK:           # bounded memory for the soak's millions of rows
+        w2, x2 = w.reshape(rows, -1), x.reshape(rows, -1)
+        out = np.concatenate([bfp_dot(w2[i:i + _CHUNK], x2[i:i + _CHUNK], a_bits=a_bits,
+                                      b_bits=b_bits) for i in range(0, rows, _CHUNK)])
+        return out.reshape(w.shape[:-1])
     b, ew = block_align(w, b_bits)
     a, ex = block_align(x, a_bits)
     total = (a * b).sum(axis=-1)                      # exact: |total| < 2^53

@@ -171,6 +171,29 @@ def fig_arith():
     return "\n".join(lines)
 
 
+def fig_per_mac():
+    """LUTs and DSPs per MAC of a 16-lane x 64-wide matrix unit (u280x4's), today's
+    arithmetic against matrix unit v2's (hw/arith/dot.py), from the units' own synthesis:
+    a lane's products, tree and rounding per MAC, plus the weights' alignment shared by the R
+    tokens that meet a tile and the activations' shared by the 16 lanes."""
+    r = _bench("synth-arith")
+    L, W = 16, 64
+    old = r["fp16_mul_fp32"]["LUT"] + r[f"adder_tree_{W}"]["LUT"] / W
+    lane, ax, aw = r[f"bfp_dot_{W}"], r[f"block_align_{W}_x"], r[f"block_align_{W}_w"]
+    own = (lane["LUT"] - ax["LUT"] - aw["LUT"]) / W
+    lines = ["| MAC of a 16 x 64 matrix unit | LUT per MAC | DSP48E2 per MAC | of which |",
+             "|---|---|---|---|",
+             f"| today: fp16 x fp16 -> fp32 multiplier, fp32 adder tree | {old:.0f} | "
+             f"{r['fp16_mul_fp32']['DSP']} | multiplier {r['fp16_mul_fp32']['LUT']}, tree "
+             f"{r[f'adder_tree_{W}']['LUT'] / W:.0f} |"]
+    for R in (1, 2, 4):
+        tot = own + aw["LUT"] / W / R + ax["LUT"] / W / L
+        lines.append(f"| v2 block floating point, R = {R} | {tot:.0f} | {lane['DSP'] // W} | "
+                     f"lane {own:.0f}, weight alignment {aw['LUT'] / W / R:.0f}, activation "
+                     f"alignment {ax['LUT'] / W / L:.1f} |")
+    return "\n".join(lines)
+
+
 def synth_full(name):
     from .synth import card_table
     return card_table(_bench(f"synth-card-{name}")).rstrip("\n")
@@ -188,7 +211,7 @@ def perf_what_if():
 
 # Blocks of figures, by name: README's summaries and docs/performance.md's full tables.
 FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "perf": fig_perf,
-           "resources": fig_resources, "arith": fig_arith,
+           "resources": fig_resources, "arith": fig_arith, "per-mac": fig_per_mac,
            "synth-u280x4": lambda: synth_full("u280x4"), "synth-tiny": lambda: synth_full("tiny"),
            "perf-full": perf_full, "perf-what-if": perf_what_if}
 _BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)

@@ -187,9 +187,9 @@ def unit_vectors(name, n_random, rng):
 def _f16_rows(rng, n, width, lo_exp, hi_exp):
     """fp16 rows with exponents drawn per element from [lo_exp, hi_exp] (biased), random
     signs and fractions: the exponent spread within a row is what alignment truncates."""
-    e = rng.integers(lo_exp, hi_exp + 1, (n, width)).astype(np.uint16)
-    f = rng.integers(0, 1 << 10, (n, width)).astype(np.uint16)
-    s = rng.integers(0, 2, (n, width)).astype(np.uint16)
+    e = rng.integers(lo_exp, hi_exp + 1, (n, width), dtype=np.uint16)
+    f = rng.integers(0, 1 << 10, (n, width), dtype=np.uint16)
+    s = rng.integers(0, 2, (n, width), dtype=np.uint16)
     return (s << 15) | (e << 10) | f
 
 
@@ -241,8 +241,8 @@ def _dot_vectors(width, n_random, rng):
     add(_f16_rows(rng, q, width, 10, 17), _f16_rows(rng, q, width, 12, 19))
     add(_f16_rows(rng, q, width, 1, 30), _f16_rows(rng, q, width, 1, 30))
     r = n_random - 2 * q
-    add(rng.integers(0, 1 << 16, (r, width), dtype=np.uint32).astype(np.uint16),
-        rng.integers(0, 1 << 16, (r, width), dtype=np.uint32).astype(np.uint16))
+    add(rng.integers(0, 1 << 16, (r, width), dtype=np.uint16),
+        rng.integers(0, 1 << 16, (r, width), dtype=np.uint16))
     return np.concatenate(rows_w), np.concatenate(rows_x)
 
 

@@ -24,7 +24,7 @@ CASES = {name: (cls, cls.LATENCY, ins, out, 16) for name, (cls, ins, out) in UNI
 CASES["fp32_min"] = (lambda: Fp32Max(minimum=True), Fp32Max.LATENCY, (32, 32), 32, 16)
 for _name, _cls in SPECIALS.items():
     CASES[_name] = (_cls, _cls.LATENCY, (32,), 32, 4 if _name == "gelu" else 8)
-CASES[f"adder_tree_{TREE_WIDTH}"] = (lambda: AdderTree(TREE_WIDTH), AdderTree(TREE_WIDTH).LATENCY,
+CASES[f"adder_tree_{TREE_WIDTH}"] = (lambda: AdderTree(TREE_WIDTH), AdderTree.latency(TREE_WIDTH),
                                      (32 * TREE_WIDTH,), 32, 4)
 # matrix unit v2's dot product at tiny's width and at u280x4's
 for _w in (16, 64):

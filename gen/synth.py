@@ -96,9 +96,11 @@ def arith_units():
     out.update({name: (cls, cls.LATENCY) for name, cls in SPECIALS.items()})
     for w in (16, 64):
         out[f"adder_tree_{w}"] = ((lambda w=w: AdderTree(w)), AdderTree.latency(w))
-    from hw.arith.dot import A_BITS, B_BITS, BlockAlign, Fp16Dot
+    from hw.arith.dot import A_BITS, B_BITS, BlockAlign, DotLane, Fp16Dot
     for w in (16, 64):
         out[f"bfp_dot_{w}"] = ((lambda w=w: Fp16Dot(w)), Fp16Dot.latency(w))
+        # a lane's own products, tree and rounding (the matrix unit has one per lane)
+        out[f"dot_lane_{w}"] = ((lambda w=w: DotLane(w)), DotLane.latency(w))
         # the alignment alone: matrix unit v2 shares it (activations: by every lane; a
         # weight row: by every token that meets it), so a lane's own cost is bfp_dot less it
         out[f"block_align_{w}_x"] = ((lambda w=w: BlockAlign(w, A_BITS)), BlockAlign.latency(w))
@@ -182,8 +184,9 @@ def card_units(cfg):
     c = cfg.core
     L, W, P = c.lanes, c.width, c.vector_lanes
     return {
-        "fp16_mul_fp32": L * W,                 # the matrix unit's multipliers
-        f"adder_tree_{W}": L,                   # one tree per lane
+        f"dot_lane_{W}": L,                     # the matrix unit's lanes: products, tree, rounding
+        f"block_align_{W}_w": L,                # each lane's tile row aligned
+        f"block_align_{W}_x": 1,                # the input block, aligned once for every lane
         "fp32_add": L + P,                      # accumulators; vector unit
         "fp32_mul": P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P, "gelu": P,
         "fp32_to_fp16": 2 * P + 1,              # vector unit's CVT16 lanes and x16 copies; the store engine
@@ -192,9 +195,18 @@ def card_units(cfg):
 
 def _unit_factory(name):
     from hw.arith import AdderTree
+    from hw.arith.dot import A_BITS, B_BITS, BlockAlign, DotLane
+    kind, _, rest = name.rpartition("_")
     if name.startswith("adder_tree_"):
-        w = int(name.rsplit("_", 1)[1])
+        w = int(rest)
         return (lambda: AdderTree(w)), AdderTree.latency(w)
+    if name.startswith("dot_lane_"):
+        w = int(rest)
+        return (lambda: DotLane(w)), DotLane.latency(w)
+    if name.startswith("block_align_"):
+        w, side = int(kind.rsplit("_", 1)[1]), rest
+        bits = A_BITS if side == "x" else B_BITS
+        return (lambda: BlockAlign(w, bits)), BlockAlign.latency(w)
     return arith_units()[name]
 
 

@@ -57,7 +57,6 @@ def recorded_calibration():
 # Pipeline latencies of the arithmetic units (hw/arith; tests/test_perf.py checks them).
 ADD_LAT, MUL_LAT, MAX_LAT, CVT_LAT = 6, 4, 1, 2
 EXP_LAT, RECIP_LAT, RSQRT_LAT, GELU_LAT = 66, 42, 50, 141
-MUL16_LAT = 3
 VOP_LAT = {"ADD": ADD_LAT, "SUB": ADD_LAT, "MUL": MUL_LAT, "MAX": MAX_LAT, "MOV": 1, "MASK": 1,
            "EXP": EXP_LAT, "RECIP": RECIP_LAT, "RSQRT": RSQRT_LAT, "GELU": GELU_LAT,
            "CVT16": CVT_LAT, "REDSUM": ADD_LAT, "REDMAX": MAX_LAT}
@@ -68,9 +67,13 @@ STORE_QUEUE = 2                  # hw/core/dma.py
 ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
 
 
-def tree_latency(width):
-    """hw.arith.special.AdderTree.latency: pairwise fp32 adds, log2(width) levels."""
-    return math.ceil(math.log2(width)) * ADD_LAT
+def dot_latency(width):
+    """hw.arith.dot.DotArray.latency: the block alignment (unpack, a max level a stage, three
+    more), the products' two registers and an adder level a stage, then the rounding (the
+    magnitude, the normalizing shifts two a stage, the pack). The sum is at least 42 bits
+    wide, so the normalization takes 6 shifts."""
+    levels = (width - 1).bit_length()
+    return (1 + levels + 3) + (2 + levels) + (1 + 3 + 1)
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,7 @@ class CardModel:
         # Stripes per cycle: every channel delivers a beat per cycle, or less where the HBM's
         # bandwidth per channel is below the port's width.
         self.rate = cfg.hbm_channel_bytes_per_cycle / cfg.hbm_beat_bytes
-        self.X = 1 + MUL16_LAT + tree_latency(self.W)
+        self.X = 1 + dot_latency(self.W)
         self.lpr = max(1, self.L // self.P)
         self.seg = c.vsp_words // c.vsp_segments      # VSP words per segment (one read a cycle)
         self.beat = cfg.hbm_beat_bytes

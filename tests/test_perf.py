@@ -26,15 +26,16 @@ TOL = 0.10
 
 
 def test_constants_are_the_rtls():
-    from hw.arith.special import AdderTree, Exp, Gelu, Recip, Rsqrt
-    from hw.arith.units import Fp16MulFp32, Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
+    from hw.arith.dot import DotArray
+    from hw.arith.special import Exp, Gelu, Recip, Rsqrt
+    from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
     from hw.core import dma, fetch, issue
-    assert (perf.ADD_LAT, perf.MUL_LAT, perf.MAX_LAT, perf.CVT_LAT, perf.MUL16_LAT) == (
-        Fp32Add.LATENCY, Fp32Mul.LATENCY, Fp32Max.LATENCY, Fp32ToFp16.LATENCY, Fp16MulFp32.LATENCY)
+    assert (perf.ADD_LAT, perf.MUL_LAT, perf.MAX_LAT, perf.CVT_LAT) == (
+        Fp32Add.LATENCY, Fp32Mul.LATENCY, Fp32Max.LATENCY, Fp32ToFp16.LATENCY)
     assert (perf.EXP_LAT, perf.RECIP_LAT, perf.RSQRT_LAT, perf.GELU_LAT) == (
         Exp.LATENCY, Recip.LATENCY, Rsqrt.LATENCY, Gelu.LATENCY)
-    for w in (4, 16, 32, 64):
-        assert perf.tree_latency(w) == AdderTree.latency(w), w
+    for w in (2, 4, 16, 32, 64, 256):
+        assert perf.dot_latency(w) == DotArray.latency(w), w
     assert perf.SCOREBOARD == issue.ENTRIES
     assert (perf.FETCH_CHUNK, perf.FETCH_DEPTH) == (fetch.CHUNK, fetch.DEPTH)
     assert (perf.DMA_RD_QUEUE, perf.STORE_QUEUE) == (dma.READ_QUEUE, dma.STORE_QUEUE)

@@ -25,13 +25,14 @@ def test_ram_blocks():
 def test_card_counts_follow_the_config():
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     units = card_units(cfg)
-    assert units["fp16_mul_fp32"] == 16 * 64 and units["adder_tree_64"] == 16
+    assert units["dot_lane_64"] == 16 and units["block_align_64_w"] == 16
+    assert units["block_align_64_x"] == 1
     assert units["fp32_add"] == 16 + 8 and units["gelu"] == 8
     mems = card_memories(cfg)
     assert mems["weight FIFO"] == (cfg.stripe_bytes * 8, 4096, 1)
     assert mems["VSP (vector scratchpad)"] == (32 * 8, 65536 // 8 // 8, 8)
     tiny = card_units(load_config(ROOT / "configs" / "tiny.yaml"))
-    assert tiny["fp16_mul_fp32"] == 64 and tiny["adder_tree_16"] == 4
+    assert tiny["dot_lane_16"] == 4 and tiny["block_align_16_x"] == 1
 
 
 def test_parse_stat_groups_cells():

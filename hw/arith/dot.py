@@ -27,7 +27,7 @@ from .fp import F32_QNAN, round_pack32
 from .pipe import delay
 from .tables import A_BITS, B_BITS
 
-__all__ = ["A_BITS", "B_BITS", "BlockAlign", "IntDot", "BfpToFp32", "Fp16Dot"]
+__all__ = ["A_BITS", "B_BITS", "BlockAlign", "IntDot", "BfpToFp32", "DotLane", "DotArray", "Fp16Dot"]
 
 # An element's class beside its aligned value: bits of BlockAlign.flags, per element.
 NAN, INF, ZERO, SIGN = range(4)
@@ -265,9 +265,83 @@ class BfpToFp32(wiring.Component):
         return m
 
 
+class DotArray(wiring.Component):
+    """``lanes`` dot products of ``width`` fp16 weights each (a tile: lane l's row in ``w``)
+    with one block of ``width`` fp16 activations ``x``, shared: the activations are aligned
+    once for every lane, each weight row once. Lane l's result is
+    ``bfp_dot(w[l], x)`` (:func:`sim.ref.arith.bfp_dot`), ``latency(width)`` cycles later.
+
+    Members
+    -------
+    w : ``In(16 * width * lanes)``, lane 0's row in the low bits; x : ``In(16 * width)``
+    o : ``Out(32 * lanes)``
+    """
+
+    def __init__(self, *, lanes, width, a_bits=A_BITS, b_bits=B_BITS):
+        self.lanes, self.width, self.a_bits, self.b_bits = lanes, width, a_bits, b_bits
+        self.LATENCY = self.latency(width, a_bits, b_bits)
+        super().__init__({"w": In(16 * width * lanes), "x": In(16 * width), "o": Out(32 * lanes)})
+
+    @staticmethod
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS):
+        return BlockAlign.latency(width) + DotLane.latency(width, a_bits, b_bits)
+
+    def elaborate(self, platform):
+        m = Module()
+        W, rowbits = self.width, 16 * self.width
+        m.submodules.xal = xal = BlockAlign(W, self.a_bits)
+        m.d.comb += xal.a.eq(self.x)
+        for lane in range(self.lanes):
+            m.submodules[f"wal{lane}"] = wal = BlockAlign(W, self.b_bits)
+            m.submodules[f"lane{lane}"] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits)
+            m.d.comb += [wal.a.eq(self.w[rowbits * lane:rowbits * (lane + 1)]),
+                         dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
+                         dl.b.eq(wal.o), dl.fb.eq(wal.flags), dl.eb.eq(wal.e),
+                         self.o[32 * lane:32 * (lane + 1)].eq(dl.o)]
+        return m
+
+
+class DotLane(wiring.Component):
+    """A lane's own part of :class:`DotArray`: two aligned blocks (BlockAlign's outputs, with
+    their exponents) -> their exact integer dot product (:class:`IntDot`) -> fp32
+    (:class:`BfpToFp32`). Latency ``IntDot.latency + BfpToFp32.latency``.
+
+    Members
+    -------
+    a, fa, ea : the activations' BlockAlign outputs (``a_bits``); b, fb, eb : the weights'
+    o : ``Out(32)``
+    """
+
+    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS):
+        self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
+        self.LATENCY = self.latency(width, a_bits, b_bits)
+        super().__init__({"a": In((a_bits + 1) * width), "fa": In(4 * width), "ea": In(5),
+                          "b": In((b_bits + 1) * width), "fb": In(4 * width), "eb": In(5),
+                          "o": Out(32)})
+
+    @staticmethod
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS):
+        return IntDot.latency(width) + BfpToFp32.latency(IntDot.bits(width, a_bits, b_bits))
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.width
+        m.submodules.dot = dot = IntDot(W, self.a_bits, self.b_bits)
+        # value = sum * 2^(ea + eb - 28 - a_bits - b_bits)
+        m.submodules.cvt = cvt = BfpToFp32(dot.sum_bits, 6, 28 + self.a_bits + self.b_bits)
+        esum = Signal(6, name="esum", reset_less=True)
+        m.d.sync += esum.eq(self.ea + self.eb)
+        e_at = delay(m, esum, dot.LATENCY - 1, name="esum_d", reset_less=True)[-1]
+        m.d.comb += [dot.a.eq(self.a), dot.fa.eq(self.fa), dot.b.eq(self.b), dot.fb.eq(self.fb),
+                     cvt.s.eq(dot.o), cvt.e.eq(e_at),
+                     cvt.nan.eq(dot.nan), cvt.pinf.eq(dot.pinf), cvt.ninf.eq(dot.ninf),
+                     self.o.eq(cvt.o)]
+        return m
+
+
 class Fp16Dot(wiring.Component):
-    """One lane of matrix unit v2: the dot product of ``width`` fp16 weights (``a``, aligned to
-    B_BITS) and fp16 activations (``b``, aligned to A_BITS) as fp32, per
+    """One lane of :class:`DotArray` with its own activations: the dot product of ``width``
+    fp16 weights (``a``) and fp16 activations (``b``) as fp32, per
     :func:`sim.ref.arith.bfp_dot`. Latency ``latency(width)``.
 
     Members
@@ -277,28 +351,16 @@ class Fp16Dot(wiring.Component):
 
     def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS):
         self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
-        self.LATENCY = self.latency(width, a_bits, b_bits)
+        self.LATENCY = DotArray.latency(width, a_bits, b_bits)
         super().__init__({"a": In(16 * width), "b": In(16 * width), "o": Out(32)})
 
     @staticmethod
     def latency(width, a_bits=A_BITS, b_bits=B_BITS):
-        return (BlockAlign.latency(width) + IntDot.latency(width)
-                + BfpToFp32.latency(IntDot.bits(width, a_bits, b_bits)))
+        return DotArray.latency(width, a_bits, b_bits)
 
     def elaborate(self, platform):
         m = Module()
-        W = self.width
-        m.submodules.wal = wal = BlockAlign(W, self.b_bits)
-        m.submodules.xal = xal = BlockAlign(W, self.a_bits)
-        m.submodules.dot = dot = IntDot(W, self.a_bits, self.b_bits)
-        # value = sum * 2^(ex + ew - 28 - a_bits - b_bits)
-        m.submodules.cvt = cvt = BfpToFp32(dot.sum_bits, 6, 28 + self.a_bits + self.b_bits)
-        esum = Signal(6, name="esum", reset_less=True)
-        m.d.sync += esum.eq(xal.e + wal.e)
-        e_at = delay(m, esum, dot.LATENCY - 1, name="esum_d", reset_less=True)
-        m.d.comb += [wal.a.eq(self.a), xal.a.eq(self.b),
-                     dot.a.eq(xal.o), dot.fa.eq(xal.flags), dot.b.eq(wal.o), dot.fb.eq(wal.flags),
-                     cvt.s.eq(dot.o), cvt.e.eq(e_at[-1] if e_at else esum),
-                     cvt.nan.eq(dot.nan), cvt.pinf.eq(dot.pinf), cvt.ninf.eq(dot.ninf),
-                     self.o.eq(cvt.o)]
+        m.submodules.arr = arr = DotArray(lanes=1, width=self.width, a_bits=self.a_bits,
+                                          b_bits=self.b_bits)
+        m.d.comb += [arr.w.eq(self.a), arr.x.eq(self.b), self.o.eq(arr.o)]
         return m

@@ -26,8 +26,8 @@ from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.special import AdderTree
-from hw.arith.units import Fp16MulFp32, Fp32Add
+from hw.arith.dot import DotArray
+from hw.arith.units import Fp32Add
 
 from .cmds import MatvecCmd
 from .mpu_bias import BiasBanks
@@ -87,8 +87,8 @@ class Mpu(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         L, W, P, rows = self.L, self.W, self.P, self.vsp_row_bits
-        # Step issue -> partial sums: the tile and XB registers, the multipliers, the tree.
-        X = 1 + Fp16MulFp32.LATENCY + AdderTree.latency(W)
+        # Step issue -> partial sums: the tile and XB registers, the dot products.
+        X = 1 + DotArray.latency(W)
         # Step k issued in cycle s reads its slot in cycle s + X - 1 (the accumulator's read
         # port, data in s + X) and writes it back in cycle s + X + ADD. A later step on the same
         # slot must read in a cycle after that write: it may issue at s + ADD + 2 at the

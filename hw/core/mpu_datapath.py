@@ -1,10 +1,10 @@
-"""The matrix unit's datapath (hw/core/mpu.py): the tile register, the multipliers and adder
-trees, and the accumulators. No enables: the step sequencer decides what enters, and every
-step's metadata rides beside its data.
+"""The matrix unit's datapath (hw/core/mpu.py): the tile register, the block floating-point
+dot products (hw/arith/dot.py), and the accumulators. No enables: the step sequencer decides
+what enters, and every step's metadata rides beside its data.
 
     stage 0   step issues: tile taken, XB row and bias row read
     stage 1   tile register, XB data, bias data, step metadata (s1)
-    stage X   partial sums out of the trees (X = 1 + Fp16MulFp32.LATENCY + tree latency);
+    stage X   partial sums out of the dot products (X = 1 + DotArray.latency(width));
               the slot's running sum read one cycle earlier
     X + ADD   the accumulated row: back into its slot, or (last column block) out
 """
@@ -14,9 +14,9 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hw.arith.dot import DotArray
 from hw.arith.pipe import delay
-from hw.arith.special import AdderTree
-from hw.arith.units import Fp16MulFp32, Fp32Add
+from hw.arith.units import Fp32Add
 from hw.isa import ACC_DEPTH
 
 from .mpu_seq import step_layout
@@ -32,8 +32,9 @@ def out_layout(lanes, row_bits):
 
 
 class MacArray(wiring.Component):
-    """The tile register and ``lanes x width`` fp16 x fp16 -> fp32 multipliers, one pairwise
-    fp32 adder tree per lane: lane l's partial sum of tile row l times the input block.
+    """The tile register and ``lanes`` block floating-point dot products of ``width``
+    (:class:`hw.arith.dot.DotArray`: the input block aligned once for every lane, each tile
+    row once): lane l's partial sum of tile row l times the input block, as fp32.
 
     A tile is put right as it is taken: a transposed tile (MATVEC.tt) has element (r, c) at
     c * lanes + r (a fixed permutation of the wires).
@@ -56,8 +57,7 @@ class MacArray(wiring.Component):
     x : ``In(16 * width)``
         The step's input block (XB's read data: stage 1, beside the tile register).
     o : ``Out(32 * lanes)``
-        The partial sums, ``Fp16MulFp32.LATENCY + AdderTree.latency(width)`` cycles after
-        stage 1.
+        The partial sums, ``DotArray.latency(width)`` cycles after stage 1.
     """
 
     def __init__(self, *, lanes, width):
@@ -74,15 +74,8 @@ class MacArray(wiring.Component):
         m.d.comb += self.tiles.ready.eq(self.take | self.drop)
         with m.If(self.take):
             m.d.sync += tile.eq(Mux(self.tt, tposed, p))
-        for lane in range(L):
-            m.submodules[f"tree{lane}"] = tree = AdderTree(W)
-            for j in range(W):
-                m.submodules[f"mul{lane}_{j}"] = mul = Fp16MulFp32()
-                k = lane * W + j
-                m.d.comb += [mul.a.eq(tile[16 * k:16 * (k + 1)]),
-                             mul.b.eq(self.x[16 * j:16 * (j + 1)]),
-                             tree.a[32 * j:32 * (j + 1)].eq(mul.o)]
-            m.d.comb += self.o[32 * lane:32 * (lane + 1)].eq(tree.o)
+        m.submodules.dot = dot = DotArray(lanes=L, width=W)
+        m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
         return m
 
 

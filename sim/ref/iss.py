@@ -210,8 +210,7 @@ class Iss:
                       for t in range(T)])                                   # [T, cb, W]
         acc = None
         for c in range(cb):
-            prod = A.fp16_mul_to_fp32(w[None, :, c, :, :], x[:, None, c, None, :])  # [T, rb, L, W]
-            part = A.adder_tree(prod)                                                # [T, rb, L]
+            part = A.bfp_dot(w[None, :, c, :, :], x[:, None, c, None, :])            # [T, rb, L]
             if c == 0:
                 if i.bias_en:
                     bias = self.vsp[i.bias:i.bias + rb * L].reshape(rb, L)

@@ -349,3 +349,46 @@ def test_out_of_range_step_options_are_refused(kw):
     tiny = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml")
     with pytest.raises(ValueError, match=next(iter(kw))):
         CompiledModel(tiny, load_checkpoint(DEMO_MODEL), **kw)
+
+
+# -- the build's limits, checked once at compile ---------------------------------------------
+def test_hbm_rows_beyond_the_isa_row_fields_are_refused():
+    """A 4 GiB channel has 2^27 rows, the instructions' row fields address 2^24: a model that
+    needs more is refused at compile (it used to compile, then fail encoding a STORE)."""
+    from host.compiler.image import ROW_BITS
+    assert ROW_BITS == 24
+    big = TINY.replace(cards=1, **{"hbm.channel_mbytes": 4096, "core.vsp_words": 65536,
+                                   "core.xb_words": 65536, "core.weight_fifo_tiles": 2048,
+                                   "core.limits.d_model": 1600, "core.limits.heads": 25,
+                                   "core.limits.layers": 48, "core.limits.vocab": 50257,
+                                   "core.limits.seq_len": 1024})
+    assert big.channel_rows == 1 << 27
+    with pytest.raises(UserError, match=r"24-bit row fields \(hw/isa.py\) address 16777216") as e:
+        CompiledModel(big, Gpt2(SHAPES["gpt2-xl"], None))
+    assert "\n" not in str(e.value)
+
+
+def test_a_program_that_does_not_fit_after_the_model_is_refused():
+    """The program goes after the model in channel 0: a model that leaves too little room
+    for the longest step's program is refused at compile, not at the device."""
+    small = TINY.replace(**{"hbm.channel_mbytes": 1, "core.limits.layers": 8, "core.limits.seq_len": 512})
+    cm = CompiledModel(small, Gpt2(Gpt2Shape(7, 4, 128, 1024, 144), None))
+    end = cm.prog_addr + 16 * len(cm.step([0] * cm.T, 144 - cm.T))
+    assert end <= small.hbm.channel_mbytes << 20
+    with pytest.raises(UserError, match=r"a step's program of \d+ instructions \(\d+ bytes\) does not "
+                                        r"fit in the \d+ bytes of HBM channel 0"):
+        CompiledModel(small, Gpt2(Gpt2Shape(7, 4, 128, 1024, 160), None))
+
+
+def test_k_v_matvecs_beyond_the_weight_fifo_are_refused_at_compile():
+    """A K/V MATVEC grows with the position: the one at the context's end is checked when the
+    model is compiled, not at the step that reaches it (tiny: 512 tiles; a head of 64: K 4
+    tiles, V 17 tiles per 16 positions)."""
+    cfg = TINY.replace(**{"core.limits.seq_len": 1024})
+    with pytest.raises(UserError, match=r"a K/V MATVEC over the model's 1024 positions streams 1088 "
+                                        r"tiles; the weight FIFO holds 512 .*at most 480 positions"):
+        CompiledModel(cfg, Gpt2(Gpt2Shape(1, 1, 64, 512, 1024), None))
+    with pytest.raises(UserError, match="at most 480 positions"):
+        CompiledModel(cfg, Gpt2(Gpt2Shape(1, 1, 64, 512, 481), None))
+    cm = CompiledModel(cfg, Gpt2(Gpt2Shape(1, 1, 64, 512, 480), None))
+    assert cm.step([1], 479)                 # the last position's step emits

@@ -11,11 +11,13 @@ the logits and the hidden-state dumps back.
 
 import numpy as np
 
+from hw.isa import INSN_BITS
+
 from ..errors import UserError
 from ..stripes import read_stripes, write_stripes
 from .emit import Emitter
 from .image import build_image
-from .layout import Dims, KvLayout, ParamLayout, param_align
+from .layout import GROUP, Dims, KvLayout, ParamLayout, param_align
 from .partition import Partition
 from .placement import choose
 
@@ -35,8 +37,10 @@ def check_limits(cfg, shape, what="model"):
 
 class CompiledModel:
     """A GPT-2 compiled for card ``card`` of ``cards`` (intra-layer, as DFX does: this card's
-    share of the heads, of the MLP's columns and of the vocabulary; an all-reduce (COLL) after
-    each projection gives every card the whole residual stream).
+    share of the heads, of the MLP's columns and of the vocabulary; after each projection the
+    cards' partial sums are joined over the ring so that every card holds the whole residual
+    stream: in decode an all-gather (COLL) and the additions in card order, alike on every
+    card; in prefill, or where the all-gather's buffer does not fit, an all-reduce).
 
     Parameters
     ----------
@@ -76,7 +80,7 @@ class CompiledModel:
 
     def __init__(self, cfg, model, *, card=0, cards=1, max_tokens=None, dump_hidden=False,
                  all_logits=False, param_areas=None):
-        self.cfg, self.model, self.sh = cfg, model, model.shape
+        self.cfg, self.sh = cfg, model.shape
         self.weights = model.weights      # None: a shapes-only compile (programs, no image)
         self.dump_hidden, self.all_logits = dump_hidden, all_logits
         sh, c = self.sh, cfg.core
@@ -88,6 +92,7 @@ class CompiledModel:
                            self.dims, cards=cards, all_logits=all_logits, max_tokens=max_tokens,
                            param_areas=param_areas)
         self.kv = KvLayout.of(self.dims, c.lanes, c.width, sh.n_positions)
+        self._check_kv_jobs()
         self.params = ParamLayout.of((2 * self.dims.dq + self.dims.dv, sh.d_model, mine.F, sh.d_model),
                                      c.vector_lanes, param_align(c.vector_lanes, cfg.stripe_bytes))
         self.img, self.hbm = build_image(cfg, sh, self.weights, self.part, self.dims, self.kv, self.params,
@@ -97,6 +102,32 @@ class CompiledModel:
         self.v_g, self.v_pars = self.plan.v_g, self.plan.v_pars
         self.H, self.dS = mine.H, self.dims.dS
         self.kv_rows, self.prog_addr = self.hbm.kv_rows, self.hbm.prog_addr
+        self._check_program_area()
+
+    def _check_kv_jobs(self):
+        """A K or V MATVEC streams its head's cache over the positions so far in one job, whose
+        tiles must fit the weight FIFO: the largest, at the context's end, checked once here
+        (not at the step that first reaches it)."""
+        kv, n, fifo = self.kv, self.sh.n_positions, self.cfg.core.weight_fifo_tiles
+        tiles = max(kv.k_row_blocks(n) * kv.cbk, kv.rbv * kv.v_col_blocks(n))
+        if tiles > fifo:
+            most = min(fifo // kv.cbk // GROUP * GROUP * kv.L, fifo // kv.rbv * kv.W)
+            raise UserError(f"model: a K/V MATVEC over the model's {n} positions streams {tiles} "
+                            f"tiles; the weight FIFO holds {fifo} (core.weight_fifo_tiles); allowed: "
+                            f"a model of at most {most} positions (n_positions) on this build, or a "
+                            f"larger core.weight_fifo_tiles")
+
+    def _check_program_area(self):
+        """The longest step's program (T tokens up to the context's end: the most tokens and
+        the longest K/V runs) fits in channel 0 from ``prog_addr`` on."""
+        t = min(self.T, self.sh.n_positions)
+        words = len(self.step([0] * t, self.sh.n_positions - t))
+        need, have = words * INSN_BITS // 8, (self.cfg.hbm.channel_mbytes << 20) - self.prog_addr
+        if need > have:
+            raise UserError(f"model: a step's program of {words} instructions ({need} bytes) does not "
+                            f"fit in the {max(have, 0)} bytes of HBM channel 0 after the model's "
+                            f"{self.img.next_row} rows; allowed: a model "
+                            f"that leaves room for it (more cards, or a smaller model)")
 
     def load(self, dev):
         """Write the image (weights, parameters, constants, zeroed KV cache) into a card."""

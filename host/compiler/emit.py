@@ -418,9 +418,9 @@ class Emitter:
         self.vec("GELU", h, h, n, xdst=self.b.x_h + t * self.dims.fS + r)
 
     def _fc_gelu(self, fc_rows, crow, t, r, n):
-        """c_fc's chunk work: GELU over two chunks at once (its pipeline is long: 141 cycles a
-        pass), but the last chunk and one before it alone, so that mlp.c_proj's first part
-        does not wait for the last chunk."""
+        """c_fc's chunk work: GELU over two chunks at once (its pipeline is long: GELU_LAT
+        cycles a pass, host/perf.py), but the last chunk and one before it alone, so that
+        mlp.c_proj's first part does not wait for the last chunk."""
         if r + n >= fc_rows or r + n + crow >= fc_rows:
             self.gelu(t, r, n)
         elif (r // crow) % 2:

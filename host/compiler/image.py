@@ -19,13 +19,20 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hw.isa import FORMATS
+
 from ..errors import UserError
 from ..stripes import write_stripes
 from . import weights as wts
 from .layout import GROUP, round_up, tiles_in_stream_order
 from .schedule import mlp_proj_split
 
-__all__ = ["HbmImage", "Matrix", "LayerRows", "HbmLayout", "build_image"]
+__all__ = ["HbmImage", "Matrix", "LayerRows", "HbmLayout", "build_image", "ROW_BITS", "PROGRAM_GAP_ROWS"]
+
+# The instructions' stripe-row fields (LOAD, STORE, WLOAD, COLL's HBM rows) are ROW_BITS wide:
+# everything but the program must lie in the first 2^ROW_BITS rows.
+ROW_BITS = min(f.bits for fmt in FORMATS for f in fmt.fields if f.name == "row")
+PROGRAM_GAP_ROWS = 4        # rows left free between the last allocation and the program
 
 
 class HbmImage:
@@ -178,13 +185,18 @@ def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits):
     logits_row, _ = img.alloc((T if all_logits else 1) * dims.vS * 4)
     hidden_stride = -(-T * dims.dS * 4 // S)
     hidden_row, _ = img.alloc((shape.n_layer + 1) * hidden_stride * S)
-    if img.next_row + 4 > cfg.channel_rows:
+    if img.next_row + PROGRAM_GAP_ROWS > cfg.channel_rows:
         raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the build has "
                         f"{cfg.channel_rows}")
+    if img.next_row > 1 << ROW_BITS:
+        raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the "
+                        f"instructions' {ROW_BITS}-bit row fields (hw/isa.py) address {1 << ROW_BITS}, "
+                        f"fewer than the build's {cfg.channel_rows}; allowed: a model of at most "
+                        f"{1 << ROW_BITS} rows a card (more cards, or a smaller model)")
     return img, HbmLayout(
         const_row=const_row, zero_row=zero_row, wte_row=emb["wte"], wpe_row=emb["wpe"], tok_rows=tok_rows,
         layers=tuple(LayerRows(prow, qkv, proj, fc, fc2, k, v)
                      for (prow, qkv, proj, fc, fc2), (k, v) in zip(layers, caches, strict=True)),
         head=head, head_bias_row=head_bias_row, kv_rows=kv_rows, logits_row=logits_row,
         hidden_row=hidden_row, hidden_stride=hidden_stride,
-        prog_addr=(img.next_row + 4) * cfg.hbm_beat_bytes)
+        prog_addr=(img.next_row + PROGRAM_GAP_ROWS) * cfg.hbm_beat_bytes)

@@ -225,7 +225,7 @@ def param_align(P, stripe_bytes):
 @dataclass(frozen=True)
 class ParamLayout:
     """A layer's parameters as one fp32 vector, the same in HBM and in a VSP area: c_attn's
-    bias (qS rows: K, V, q), attn.c_proj's (d), c_fc's (F), mlp.c_proj's (d). Each part
+    bias (2 dq + dv rows: K, V, q), attn.c_proj's (d), c_fc's (F), mlp.c_proj's (d). Each part
     starts at a multiple of P words, the second at a multiple of ``param_align``.
 
     Attributes

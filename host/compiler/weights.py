@@ -72,11 +72,8 @@ def attn_proj(w, i, shape, part, dims):
 def c_fc(w, i, part):
     """Layer i's c_fc for this card's MLP columns, ln_2 folded in: (matrix [F, d], bias [F])."""
     p, f0, F = f"h.{i}.", part.f0, part.mine.F
-    wf, bf = fold_layer_norm(w[p + "mlp.c_fc.weight"].T[f0:f0 + F], w[p + "mlp.c_fc.bias"][f0:f0 + F],
-                             w[p + "ln_2.weight"], w[p + "ln_2.bias"])
-    bias = np.zeros(F, np.float32)
-    bias[:] = bf
-    return wf, bias
+    return fold_layer_norm(w[p + "mlp.c_fc.weight"].T[f0:f0 + F], w[p + "mlp.c_fc.bias"][f0:f0 + F],
+                           w[p + "ln_2.weight"], w[p + "ln_2.bias"])
 
 
 def mlp_proj(w, i, part, c0, c1):

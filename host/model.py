@@ -22,6 +22,7 @@ A checkpoint is a Hugging Face GPT-2 directory (``load_checkpoint``), read and c
 """
 
 import json
+import math
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,25 +51,45 @@ class Gpt2Shape:
     def d_ff(self):
         return 4 * self.d_model
 
-    def param_shapes(self):
+    def _top_shapes(self):
+        d = self.d_model
+        return {"wte.weight": (self.vocab, d), "wpe.weight": (self.n_positions, d),
+                "ln_f.weight": (d,), "ln_f.bias": (d,)}
+
+    def _layer_shapes(self):
+        """A layer's tensors (names after ``h.<i>.``) and their shapes."""
         d, F = self.d_model, self.d_ff
-        shapes = {"wte.weight": (self.vocab, d), "wpe.weight": (self.n_positions, d),
-                  "ln_f.weight": (d,), "ln_f.bias": (d,)}
+        return {"ln_1.weight": (d,), "ln_1.bias": (d,),
+                "attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
+                "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
+                "ln_2.weight": (d,), "ln_2.bias": (d,),
+                "mlp.c_fc.weight": (d, F), "mlp.c_fc.bias": (F,),
+                "mlp.c_proj.weight": (F, d), "mlp.c_proj.bias": (d,)}
+
+    def params(self):
+        """(name, shape) of every tensor, in order, one at a time (a checkpoint's check stops
+        at its first missing tensor without listing a config's every layer)."""
+        yield from self._top_shapes().items()
+        per_layer = self._layer_shapes()
         for i in range(self.n_layer):
-            p = f"h.{i}."
-            shapes.update({
-                p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
-                p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
-                p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
-                p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
-                p + "mlp.c_fc.weight": (d, F), p + "mlp.c_fc.bias": (F,),
-                p + "mlp.c_proj.weight": (F, d), p + "mlp.c_proj.bias": (d,),
-            })
-        return shapes
+            for name, shape in per_layer.items():
+                yield f"h.{i}.{name}", shape
+
+    def param_shape(self, name):
+        """The shape of tensor ``name``, or None if it is not one of this shape's."""
+        import re
+        m = re.fullmatch(r"h\.(0|[1-9][0-9]*)\.(.+)", name)
+        if m:
+            return self._layer_shapes().get(m.group(2)) if int(m.group(1)) < self.n_layer else None
+        return self._top_shapes().get(name)
+
+    def param_shapes(self):
+        return dict(self.params())
 
     @property
     def n_params(self):
-        return sum(int(np.prod(s)) for s in self.param_shapes().values())
+        per_layer = sum(int(np.prod(s)) for s in self._layer_shapes().values())
+        return sum(int(np.prod(s)) for s in self._top_shapes().values()) + self.n_layer * per_layer
 
 
 # GPT-2 sizes by their Hugging Face names.
@@ -91,11 +112,10 @@ class Gpt2:
     def check(self, flag="model"):
         """Every tensor of the shape present with its shape, nothing else, every value finite
         and the matrices within float16's range. Raises UserError naming the tensor."""
-        want = self.shape.param_shapes()
         for name in self.weights:
-            if name not in want:
+            if self.shape.param_shape(name) is None:
                 raise UserError(f"{flag}: tensor {name!r} {_stray_reason(name, self.shape)}")
-        for name, shape in want.items():
+        for name, shape in self.shape.params():
             if name not in self.weights:
                 raise UserError(f"{flag}: tensor {name!r} missing")
             w = self.weights[name]
@@ -147,6 +167,14 @@ def _type(v):
             dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
 
 
+def _finite_float(x):
+    """Whether a JSON number is a finite float (an integer too large for one is not)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def parse_config(c, where, flag="--model"):
     """Gpt2Shape and end-of-text ids of a Hugging Face GPT-2 config (a dict), checked. Every
     error is a UserError naming ``flag``, ``where``, the field and its value."""
@@ -174,7 +202,7 @@ def parse_config(c, where, flag="--model"):
             fail(f"{name} is {x}; allowed: a positive integer")
         v[name] = x
     eps = c.get("layer_norm_epsilon", 1e-5)
-    if isinstance(eps, bool) or not isinstance(eps, int | float) or not np.isfinite(eps) or eps <= 0:
+    if isinstance(eps, bool) or not isinstance(eps, int | float) or not _finite_float(eps) or eps <= 0:
         fail(f"layer_norm_epsilon is {eps!r} ({_type(eps)}); allowed: a positive number")
     if v["n_embd"] % v["n_head"]:
         fail(f"n_embd {v['n_embd']} is not a multiple of n_head {v['n_head']}")

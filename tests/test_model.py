@@ -165,6 +165,8 @@ def test_config_forms_accepted(tmp_path, raw, demo):
     ({"n_positions": 0}, ["n_positions is 0"]),
     ({"layer_norm_epsilon": "1e-5"}, ["layer_norm_epsilon is '1e-5' (a string)"]),
     ({"layer_norm_epsilon": -1}, ["layer_norm_epsilon is -1"]),
+    ({"layer_norm_epsilon": 10 ** 400}, ["layer_norm_epsilon is 1000", "(an integer); allowed: a "
+                                         "positive number"]),
     ({"n_head": 3}, ["n_embd 128 is not a multiple of n_head 3"]),
     ({"scale_attn_by_inverse_layer_idx": True}, ["scale_attn_by_inverse_layer_idx is True"]),
     ({"scale_attn_weights": False}, ["scale_attn_weights is False"]),
@@ -181,6 +183,22 @@ def test_fewer_layers_in_config_than_in_checkpoint(tmp_path, raw):
     """config.json says 2 layers, the checkpoint has 4: not run on 2 with the rest ignored."""
     msg = _load_error(_dir(tmp_path, raw, {"n_layer": 2}))
     assert "'h.2." in msg and "beyond config.json's n_layer 2" in msg, msg
+
+
+def test_more_layers_in_config_than_anything_can_hold(tmp_path, raw):
+    """config.json says 10 million layers: the first missing tensor is named, without listing
+    every layer's tensors first (that was a MemoryError)."""
+    msg = _load_error(_dir(tmp_path, raw, {"n_layer": 10_000_000}))
+    assert "tensor 'h.4.ln_1.weight' missing" in msg, msg
+
+
+def test_param_shape_names_only_the_shapes_tensors():
+    from host.model import Gpt2Shape
+    sh = Gpt2Shape(2, 2, 64, 100, 32)
+    assert all(sh.param_shape(n) == s for n, s in sh.param_shapes().items())
+    for name in ("h.2.ln_1.weight", "h.01.ln_1.weight", "h.0.attn.extra", "lm_head.weight", "h.x.ln_1.bias"):
+        assert sh.param_shape(name) is None, name
+    assert sh.n_params == sum(int(np.prod(s)) for s in sh.param_shapes().values())
 
 
 def test_stray_and_missing_tensors(tmp_path, raw):

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gen.config import ApplianceConfig, ConfigError, load_config
+from hw.ring import MAX_CARDS
 
 from .errors import CardError, UserError
 from .progress import Progress, quiet
@@ -157,10 +158,11 @@ class Appliance:
     """A GPT-2 on an appliance of ``cards`` cards of a config, on one backend.
 
     Everything given is checked when the object is made (the config, the backend, the card
-    count, the xclbin, the timeout, the model's config.json and tokenizer); the weights are
-    loaded and checked, compiled for the cards and put on the devices by :meth:`prepare`,
-    which the first :meth:`generate` or :meth:`stream` calls after checking its own
-    arguments.
+    count, the xclbin, the timeout, the model's config.json and tokenizer, its shape against
+    the build's core.limits and its heads against the card count, a given Gpt2's weights);
+    a directory's weights are loaded and checked, compiled for the cards and put on the
+    devices by :meth:`prepare`, which the first :meth:`generate` or :meth:`stream` calls
+    after checking its own arguments.
 
     Parameters
     ----------
@@ -168,8 +170,9 @@ class Appliance:
         The appliance config (YAML); None: ``configs/tiny.yaml``.
     model : str, pathlib.Path, host.model.Gpt2 or None
         A Hugging Face GPT-2 directory (config.json, model.safetensors or its shards, and a
-        tokenizer for text prompts), a loaded :class:`host.model.Gpt2` (prompts as ids), or
-        None for the demo model in host/demo (vocabulary of 512 tokens).
+        tokenizer for text prompts), a loaded :class:`host.model.Gpt2` with weights (prompts
+        as ids; checked with ``Gpt2.check``), or None for the demo model in host/demo
+        (vocabulary of 512 tokens).
     backend : {"iss", "rtl", "xrt"}
         The instruction-set simulator (bit-identical to the card, fast, counts no cycles),
         the Verilated card (cycle counters), or a U280 through XRT (one card; untested on
@@ -197,6 +200,8 @@ class Appliance:
     @_user_errors
     def __init__(self, config=None, model=None, *, backend="iss", cards=None, xclbin=None,
                  timeout=600.0, progress=False):
+        from .compiler import check_limits
+        from .compiler.partition import Partition
         from .model import Gpt2, load_shape
         from .runtime import DEMO_MODEL, check_backend, check_timeout
         from .tokenizer import _Ids, load_tokenizer
@@ -210,6 +215,9 @@ class Appliance:
         self.progress = progress if isinstance(progress, Progress) else quiet()
         self._progress_now = None
         if isinstance(model, Gpt2):
+            if model.weights is None:
+                raise UserError("--model: a shapes-only host.model.Gpt2 (weights None); allowed: a "
+                                "Gpt2 with weights (gptfpga.perf projects a shape without them)")
             self._model, self.model_dir = model, None
             self.shape = model.shape
             self.tokenizer = _Ids()
@@ -224,6 +232,11 @@ class Appliance:
             self._model = None
             self.shape = load_shape(self.model_dir / "config.json")
             self.tokenizer = load_tokenizer(self.model_dir)
+        # the model against the build and the cards, before any tensor is loaded or checked
+        check_limits(self.config, self.shape, "--model")
+        Partition.of(self.shape, card=self.cards - 1, cards=self.cards, lanes=self.config.core.lanes)
+        if self._model is not None:
+            self._model.check("--model")
         self._cards = None
 
     # -- the model on the cards --------------------------------------------------------------
@@ -274,7 +287,13 @@ class Appliance:
             raise UserError("--prompt: give the prompt as text (prompt) or as token ids "
                             "(prompt_ids), one of the two")
         if prompt_ids is not None:
-            ids, flag = list(prompt_ids), "--prompt-ids"
+            try:
+                if isinstance(prompt_ids, str | bytes):
+                    raise TypeError
+                ids, flag = list(prompt_ids), "--prompt-ids"
+            except TypeError:
+                raise UserError(f"--prompt-ids: got {type(prompt_ids).__name__}; allowed: a sequence "
+                                f"of token ids (a list of int)") from None
         else:
             ids, flag = self.encode(prompt), "--prompt"
         check_request(self.shape, ids, new_tokens, prompt_flag=flag)
@@ -398,8 +417,8 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
         raise UserError(f"--model-shape: got {str(model_shape)!r}; allowed: {', '.join(SHAPES)}, or a "
                         f"Hugging Face GPT-2 directory or config.json")
     cards = cfg.cards if cards is None else cards
-    if isinstance(cards, bool) or not isinstance(cards, int) or not 1 <= cards <= 16:
-        raise UserError(f"--cards: got {cards!r}; allowed: 1..16")
+    if isinstance(cards, bool) or not isinstance(cards, int) or not 1 <= cards <= MAX_CARDS:
+        raise UserError(f"--cards: got {cards!r}; allowed: 1..{MAX_CARDS}")
     if clock_mhz is not None and (isinstance(clock_mhz, bool) or not isinstance(clock_mhz, int)
                                   or not 50 <= clock_mhz <= 1000):
         raise UserError(f"--clock-mhz: got {clock_mhz!r}; allowed: an integer in 50..1000")
@@ -420,10 +439,13 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
            "collective_model_error": cal.get("collective_error"),
            "source": "projected by the performance model, not measured"}
     if trace:
-        progs = [cm.step([0], prompt_tokens) for cm in costs.cms]   # the first decode step
+        # the first decode step (at the last position when the prompt fills the context, as
+        # predict prices it)
+        pos = min(prompt_tokens, shape.n_positions - 1)
+        progs = [cm.step([0], pos) for cm in costs.cms]
         step = simulate(cfg, progs, trace=True)
         out["trace"] = {"config": cfg.name, "model_shape": name, "cards": cards, "step": "decode",
-                        "position": prompt_tokens, "cycles": step["cycles"],
+                        "position": pos, "cycles": step["cycles"],
                         "source": "the performance model's timeline, not measured",
                         "rows": trace_table(progs, step)}
     return out

@@ -16,10 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from hw.ring import MAX_CARDS
+
+from .api import DEFAULT_CONFIG, ROOT
 from .errors import CardError, UserError
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CONFIG = ROOT / "configs" / "tiny.yaml"
 DESCRIPTION = ("gptfpga: generate, simulate and drive multi-FPGA GPT-2 decoding appliances. "
                "Every subcommand takes the appliance config as --config FILE; "
                "gptfpga <subcommand> -h lists its options and their defaults.")
@@ -98,15 +99,14 @@ INT = _number(int, "an integer")
 FLOAT = _number(float, "a number")
 
 
-def _config_arg(p, *, positional=False, required=True, many=False):
-    """--config FILE (repeatable with ``many``); with ``positional``, the older positional form
-    too (hidden from -h)."""
+def _config_arg(p, *, positional=False, required=True, many=False, default=None):
+    """--config FILE (repeatable with ``many``; ``default`` where not ``required``); with
+    ``positional``, the older positional form too (hidden from -h)."""
     if many:
         p.add_argument("--config", action="append", metavar="FILE",
                        help="appliance config (YAML); repeatable")
     else:
-        p.add_argument("--config", action=_Once, metavar="FILE",
-                       default=None if required else str(DEFAULT_CONFIG.relative_to(ROOT)),
+        p.add_argument("--config", action=_Once, metavar="FILE", default=default,
                        help="appliance config (YAML)")
     if positional:
         p.add_argument("config_pos", nargs="*" if many else "?", metavar="CONFIG",
@@ -187,7 +187,7 @@ def build_parser():
     co.add_argument("--elements", type=INT, required=True, action=_Once,
                     help="length of each card's input vector")
     co.add_argument("--cards", type=INT, action=_Once,
-                    help="cards in the ring, 2..16 (default: the config's)")
+                    help=f"cards in the ring, 2..{MAX_CARDS} (default: the config's)")
     co.add_argument("--dtype", choices=["fp32", "fp16"], default="fp32", action=_Once,
                     help="element type")
     co.add_argument("--bidirectional", action="store_true", help="both ring directions, half the data each")
@@ -206,7 +206,7 @@ def build_parser():
                          "instead of the bare collective nodes")
 
     r = cmd("run", "generate text with a GPT-2 on the simulated (or real) appliance", cmd_run)
-    _config_arg(r, required=False)
+    _config_arg(r, required=False, default=str(DEFAULT_CONFIG.relative_to(ROOT)))
     r.add_argument("--model", action=_Once, metavar="DIR",
                    help="Hugging Face GPT-2 directory (default: the demo model in host/demo, "
                         "vocabulary of 512)")
@@ -223,7 +223,8 @@ def build_parser():
                    help="iss: the instruction-set simulator (fast, bit-identical, counts no cycles); "
                         "rtl: the Verilated cards (cycle counters; builds them the first time); "
                         "xrt: a U280 board (untested)")
-    r.add_argument("--cards", type=INT, action=_Once, help="cards to run on, 1..16 (default: the config's)")
+    r.add_argument("--cards", type=INT, action=_Once,
+                   help=f"cards to run on, 1..{MAX_CARDS} (default: the config's)")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", help="the most likely token (the default)")
     mode.add_argument("--temperature", type=FLOAT, action=_Once,
@@ -244,7 +245,7 @@ def build_parser():
     _config_arg(pf)
     pf.add_argument("--model-shape", required=True, action=_Once, metavar="SHAPE",
                     help="gpt2, gpt2-medium, gpt2-large, gpt2-xl, or a GPT-2 directory / config.json")
-    pf.add_argument("--cards", type=INT, action=_Once, help="cards, 1..16 (default: the config's)")
+    pf.add_argument("--cards", type=INT, action=_Once, help=f"cards, 1..{MAX_CARDS} (default: the config's)")
     pf.add_argument("--clock-mhz", type=INT, action=_Once, help="clock, 50..1000 (default: the config's)")
     pf.add_argument("--prompt-tokens", type=INT, default=32, action=_Once, metavar="N",
                     help="prompt length to project (prefill)")
@@ -263,7 +264,6 @@ def build_parser():
 
     sy = cmd("synth", "resource estimates with Yosys synth_xilinx -family xcup", cmd_synth)
     _config_arg(sy, required=False)
-    sy.set_defaults(config=None)
     sy.add_argument("--arith", action="store_true", help="every arithmetic unit, one instance each")
     sy.add_argument("--unit", action="append",
                     help="with --arith: only this unit (repeatable); printed, arith.json left as it is")
@@ -281,10 +281,10 @@ def _default_out(config_path):
 
 
 def _cards(args, cfg, least=1):
-    """--cards, or the config's count when it is not given; checked against least..16."""
+    """--cards, or the config's count when it is not given; checked against least..MAX_CARDS."""
     cards = cfg.cards if args.cards is None else args.cards
-    if not least <= cards <= 16:
-        raise UserError(f"--cards: got {cards}; allowed: {least}..16")
+    if not least <= cards <= MAX_CARDS:
+        raise UserError(f"--cards: got {cards}; allowed: {least}..{MAX_CARDS}")
     return cards
 
 
@@ -569,9 +569,6 @@ def cmd_run(args):
     from .files import atomic_output, check_out_file
     if args.dump_logits:
         check_out_file(args.dump_logits, "--dump-logits", ".npy")
-    if args.top_k is not None and args.temperature is None:
-        raise UserError(f"--top-k: got {args.top_k} with greedy decoding; allowed: with --temperature "
-                        f"above 0 (greedy decoding takes the most likely token)")
     progress = _progress(f"run on {args.backend}")
     with progress:
         app = Appliance(args.config, args.model, backend=args.backend, cards=args.cards,

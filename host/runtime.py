@@ -14,7 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
+from hw.ring import MAX_CARDS
+
 from .errors import CardError, UserError
+from .model import FP16_MAX
 from .progress import quiet
 
 __all__ = ["Sampling", "GenStats", "Generation", "generate", "check_request", "check_backend",
@@ -108,8 +111,8 @@ def check_backend(cfg, backend, cards, *, xclbin=None):
     one card); several Verilated cards only where the config's card kernel has ring links."""
     if backend not in BACKENDS:
         raise UserError(f"--backend: got {backend!r}; allowed: {', '.join(BACKENDS)}")
-    if isinstance(cards, bool) or not isinstance(cards, int) or not 1 <= cards <= 16:
-        raise UserError(f"--cards: got {cards!r}; allowed: 1..16")
+    if isinstance(cards, bool) or not isinstance(cards, int) or not 1 <= cards <= MAX_CARDS:
+        raise UserError(f"--cards: got {cards!r}; allowed: 1..{MAX_CARDS}")
     if backend != "xrt" and xclbin is not None:
         raise UserError(f"--xclbin: given with --backend {backend}; allowed: only with --backend xrt "
                         f"(the {backend} backend loads no xclbin)")
@@ -190,7 +193,7 @@ def compile_model(cfg, model, cards, *, flag="--model"):
         with np.errstate(over="raise"):
             return [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
     except FloatingPointError:
-        raise UserError(f"{flag}: a weight matrix leaves float16's range (|value| > 65504) once the "
+        raise UserError(f"{flag}: a weight matrix leaves float16's range (|value| > {FP16_MAX:g}) once the "
                         f"LayerNorm gains before it are folded into it; allowed: weights whose "
                         f"products with those gains stay within float16 (the card holds float16)") \
             from None
@@ -221,13 +224,20 @@ def make_cards(cfg, model, backend, cards, *, xclbin=None, progress=None):
 
 
 def pick(logits, sampling, rng):
+    """The next token: greedy with temperature 0, else drawn from softmax(logits / T) over the
+    top_k (in float64, the largest subtracted). A temperature so small that logits / T
+    overflows is the greedy limit of that softmax: the most likely token."""
     if sampling.temperature == 0:
         return int(np.argmax(logits))
-    z = np.asarray(logits, np.float64) / sampling.temperature
-    if sampling.top_k:
-        cut = np.partition(z, -sampling.top_k)[-sampling.top_k]
-        z = np.where(z >= cut, z, -np.inf)
-    p = np.exp(z - z.max())
+    x = np.asarray(logits, np.float64)
+    with np.errstate(over="ignore"):
+        z = x / sampling.temperature
+        if np.isfinite(x).all() and not np.isfinite(z).all():
+            return int(np.argmax(x))
+        if sampling.top_k:
+            cut = np.partition(z, -sampling.top_k)[-sampling.top_k]
+            z = np.where(z >= cut, z, -np.inf)
+        p = np.exp(z - z.max())
     p /= p.sum()
     return int(rng.choice(len(p), p=p))
 
@@ -256,7 +266,7 @@ class Generation:
         self.timeout_s = check_timeout(timeout_s)
         self.keep_logits = keep_logits
         self.progress = progress or quiet()
-        self.tokens, self.logits, self.finished = [], None, False
+        self.tokens, self.logits = [], None
         self.stats = GenStats(prompt_tokens=len(prompt_ids), cards=len(cards.cms),
                               cycles_measured=cards.cycles_measured)
         self._started = False
@@ -296,7 +306,6 @@ class Generation:
             pos += 1
         stats.wall_decode = time.monotonic() - t0
         self.logits = np.stack(all_logits) if self.keep_logits else None
-        self.finished = True
 
     def steps(self):
         """Steps the generation takes at most: prefill steps and new tokens (for a progress

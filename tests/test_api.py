@@ -14,6 +14,7 @@ import pytest
 
 import gptfpga
 from gptfpga import Appliance, UserError
+from host.model import Gpt2, Gpt2Shape, random_gpt2
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -144,6 +145,43 @@ def test_appliance_mistakes_raise_user_error(kwargs, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def _huge_model_dir(tmp_path):
+    import json
+    import shutil
+    d = tmp_path / "huge"
+    shutil.copytree(ROOT / "host" / "demo", d)
+    conf = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps(dict(conf, n_layer=10_000_000)))
+    return d
+
+
+def _nan_model(_):
+    m = random_gpt2(Gpt2Shape(2, 2, 64, 100, 32), np.random.default_rng(0))
+    m.weights["h.1.mlp.c_fc.weight"][3, 4] = np.nan
+    return m
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(cards=5), "--cards: 5 cards for a model of 4 heads; allowed: 1 to 4"),
+    (dict(model=_huge_model_dir), "--model: layers 10000000 exceeds the build's core.limits.layers = 4"),
+    (dict(model=lambda _: Gpt2(Gpt2Shape(2, 2, 64, 100, 32), None)), "--model: a shapes-only"),
+    (dict(model=_nan_model), "--model: tensor 'h.1.mlp.c_fc.weight' holds nan at (3, 4)"),
+    (dict(model=lambda _: random_gpt2(Gpt2Shape(8, 2, 64, 100, 32), np.random.default_rng(0))),
+     "--model: layers 8 exceeds the build's core.limits.layers = 4"),
+])
+def test_the_model_is_checked_when_the_appliance_is_made(kwargs, needle, tmp_path, monkeypatch):
+    """Against the build's limits and the card count before any tensor is loaded (a config.json
+    of 10 million layers used to end in a MemoryError); a given Gpt2 is checked too."""
+    import host.model
+    import host.runtime
+    monkeypatch.setattr(host.model, "load_checkpoint", lambda *a, **k: pytest.fail("tensors loaded"))
+    monkeypatch.setattr(host.runtime, "compile_model", lambda *a, **k: pytest.fail("work started"))
+    kwargs = {k: v(tmp_path) if callable(v) else v for k, v in kwargs.items()}
+    with pytest.raises(UserError) as e:
+        Appliance(config=TINY, **kwargs)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("kwargs, needle", [
     (dict(), "--prompt: give the prompt"),
     (dict(prompt="a", prompt_ids=[1]), "--prompt: give the prompt"),
@@ -154,6 +192,8 @@ def test_appliance_mistakes_raise_user_error(kwargs, needle):
     (dict(prompt="a", temperature=float("nan")), "--temperature: got nan"),
     (dict(prompt="a", seed=-1), "--seed: got -1"),
     (dict(prompt="a", top_k=3), "--top-k: got 3 with greedy decoding"),
+    (dict(prompt_ids=5), "--prompt-ids: got int; allowed: a sequence of token ids"),
+    (dict(prompt_ids="1,2"), "--prompt-ids: got str; allowed: a sequence of token ids"),
 ])
 def test_request_mistakes_raise_before_work(kwargs, needle, monkeypatch):
     a = Appliance(config=TINY, cards=1)
@@ -185,6 +225,15 @@ def test_perf_call():
         with pytest.raises(UserError, match=re.escape(needle)):
             gptfpga.perf(**{"config": TINY, **kwargs})
     assert SHAPES["gpt2"].vocab == 50257
+
+
+def test_perf_of_a_prompt_that_fills_the_context_and_one_new_token():
+    """The demo's 128 positions all prompt, one new token: its decode figures (and the trace)
+    are those of a step at the last position, 127 (there is no position 128)."""
+    r = gptfpga.perf(config=TINY, model_shape=str(ROOT / "host" / "demo"), cards=1, prompt_tokens=128,
+                     new_tokens=1, trace=True)
+    assert r["decode_cycles_per_token"] > 0 and r["decode_steps"] == 0
+    assert r["trace"]["position"] == 127 and r["trace"]["cycles"] == r["decode_cycles_per_token"]
 
 
 def test_the_cli_goes_through_the_api(monkeypatch, capsys):

@@ -208,6 +208,61 @@ def _reached(*a, **k):
     raise AssertionError("the check came after the work started")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--cards", "5"], "--cards: 5 cards for a model of 4 heads; allowed: 1 to 4"),
+    (["--model", "HUGE"], "--model: layers 10000000 exceeds the build's core.limits.layers = 4"),
+])
+def test_run_model_against_the_build_before_loading(args, needle, capsys, monkeypatch, tmp_path):
+    """The model's shape against core.limits and its heads against --cards, before the
+    checkpoint is loaded (config.json's n_layer 10000000 used to end in a MemoryError)."""
+    import shutil
+
+    import host.model
+    import host.runtime
+    huge = tmp_path / "huge"
+    shutil.copytree(ROOT / "host" / "demo", huge)
+    conf = json.loads((huge / "config.json").read_text())
+    (huge / "config.json").write_text(json.dumps(dict(conf, n_layer=10_000_000)))
+    monkeypatch.setattr(host.runtime, "compile_model", _reached)
+    monkeypatch.setattr(host.model, "load_checkpoint", _reached)
+    one_line_error(capsys, "run", *[huge if a == "HUGE" else a for a in args], needle=needle)
+
+
+def test_a_prompt_that_fills_the_context_then_one_token(tmp_path, capsys):
+    """128 prompt ids (the demo's whole context) and --new-tokens 1: the token, the logits
+    file, and the modelled figures of a step at the last position (not an exit 2 naming a
+    position 128 that does not exist)."""
+    ids = ",".join(str(7 * k % 512) for k in range(128))
+    path = tmp_path / "l.npy"
+    rc, out, err = run_main(capsys, "run", "--cards", "1", "--prompt-ids", ids, "--new-tokens", "1",
+                            "--json", "--dump-logits", path)
+    assert rc == 0, err
+    r = json.loads(out)
+    assert len(r["tokens"]) == 1 and r["modelled_decode_cycles_per_token"] > 0
+    assert np.load(path).shape == (1, 512)
+    rc, out, err = run_main(capsys, "perf", "--config", TINY, "--model-shape", "host/demo",
+                            "--prompt-tokens", "128", "--new-tokens", "1", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["decode_cycles_per_token"] > 0
+
+
+def test_greedy_sampling_options_are_those_of_the_api(capsys):
+    """One check (Sampling.check) for the CLI and the API: --top-k 0 (all) with greedy decoding
+    is accepted by both, and a temperature so small that logits / T overflows picks the
+    greedy tokens (it used to fail with "Probabilities contain NaN")."""
+    from host.api import Appliance
+    base = ["run", "--cards", "1", "--new-tokens", "3", "--json"]
+    rc, out, err = run_main(capsys, *base)
+    assert rc == 0, err
+    greedy = json.loads(out)["tokens"]
+    for extra in (["--top-k", "0"], ["--temperature", "1e-320"], ["--temperature", "1e-320", "--top-k", "4"]):
+        rc, out, err = run_main(capsys, *base, *extra)
+        assert rc == 0 and "Traceback" not in err, err
+        assert json.loads(out)["tokens"] == greedy, extra
+    app = Appliance(config=TINY, cards=1)
+    assert app.generate(prompt="The lighthouse", new_tokens=3, top_k=0).tokens == greedy
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["emit", "--config", TINY, "-o", ""], "-o: empty; allowed: a folder"),
     (["run", "--dump-logits", ""], "--dump-logits: empty; allowed: a file name ending in .npy"),

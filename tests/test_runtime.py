@@ -180,6 +180,20 @@ def test_sampling_is_seeded_and_top_k():
     assert pick(logits, Sampling(), rng) == int(np.argmax(logits))
 
 
+def test_a_tiny_temperature_is_greedy_not_nan():
+    """logits / 1e-320 overflows: the limit of softmax(logits / T) as T -> 0, the most likely
+    token, not "Probabilities contain NaN"."""
+    import warnings
+    logits = np.random.default_rng(1).standard_normal(50).astype(np.float32) * 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for t in (1e-320, 5e-324, 1e-300, 1e-30):
+            for k in (0, 3):
+                s = Sampling(temperature=t, top_k=k, seed=0)
+                s.check(50)
+                assert pick(logits, s, np.random.default_rng(0)) == int(np.argmax(logits)), (t, k)
+
+
 def _cli(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "host.cli", "run", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=timeout)

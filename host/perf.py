@@ -530,7 +530,8 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
     ones, as `gptfpga run` steps them: prefill in steps of T tokens, then one token per step
     (the first generated token comes out of the prefill, so ``total_ms`` is the prefill and
     ``new_tokens - 1`` decode steps; with one new token, the decode figures are those of a
-    step at the prompt's end, not part of the total)."""
+    step at the prompt's end, not part of the total: at position ``prompt``, or at the last
+    position, ``n_positions - 1``, when the prompt fills the model's context)."""
     c = costs or StepCosts(cfg, shape, cards, overheads=overheads)
     T = c.T
     full = prompt // T
@@ -539,7 +540,7 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
         pre += c.at(prompt % T, full * T)
     steps = max(0, new_tokens - 1)
     decode = c.curve(1, prompt, prompt + steps - 1).sum() if steps else 0.0
-    per_tok = decode / steps if steps else c.at(1, prompt)
+    per_tok = decode / steps if steps else c.at(1, min(prompt, shape.n_positions - 1))
     clock = cfg.clock_mhz * 1e3                       # cycles per ms
     weights = _weight_bytes(shape)
     ideal = weights / cards / cfg.hbm_bytes_per_cycle  # a card's share at the HBM's peak

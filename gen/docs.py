@@ -163,7 +163,8 @@ def fig_arith():
     r = _bench("synth-arith")
     lines = ["| arithmetic unit (one instance) | latency, cycles | LUT | FF | DSP48E2 |",
              "|---|---|---|---|---|"]
-    for name in ("fp16_mul_fp32", "fp32_add", "adder_tree_64"):
+    for name in ("fp32_add", "bfp_dot_64", "dot_lane_64", "block_align_64_x", "block_align_64_w",
+                 "fp16_mul_fp32", "adder_tree_64"):
         u = r[name]
         lines.append(f"| `{name}` | {u['latency']} | {_n(u['LUT'])} | {_n(u['FF'])} | {u['DSP']} |")
     for name, u in DFX_UNITS.items():
@@ -171,24 +172,43 @@ def fig_arith():
     return "\n".join(lines)
 
 
+def fig_calibration():
+    """docs/perf-calibration.json as the table of docs/performance.md."""
+    cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
+    lines = ["| run | step | RTL cycles | model cycles | error |", "|---|---|---|---|---|"]
+    for r in cal["steps"]:
+        lines.append(f"| {r['case']} | {r['step']}, {r['tokens']} token(s) at position "
+                     f"{r['position']} | {_n(r['rtl_cycles'])} | {_n(r['model_cycles'])} | "
+                     f"{r['error']:+.1%} |")
+    for r in cal["collectives"]:
+        op = {"allreduce": "all-reduce", "allgather": "all-gather"}[r["op"]]
+        lines.append(f"| {op}, {r['words']} fp32 words, {r['cards']} cards ({r['config']}, "
+                     f"collective engine RTL on the fabric) | one COLL | {_n(r['rtl_cycles'])} | "
+                     f"{_n(r['model_cycles'])} | {r['error']:+.1%} |")
+    lines += ["", f"Largest error over the card's steps: {cal['calibration_error']:.1%} (the "
+              f"issue's bar: 10%); over the collectives: {cal['collective_error']:.1%}."]
+    return "\n".join(lines)
+
+
 def fig_per_mac():
-    """LUTs and DSPs per MAC of a 16-lane x 64-wide matrix unit (u280x4's), today's
-    arithmetic against matrix unit v2's (hw/arith/dot.py), from the units' own synthesis:
+    """LUTs and DSPs per MAC of a 16-lane x 64-wide matrix unit (u280x4's), the arithmetic
+    before matrix unit v2 against v2's (hw/arith/dot.py), from the units' own synthesis:
     a lane's products, tree and rounding per MAC, plus the weights' alignment shared by the R
     tokens that meet a tile and the activations' shared by the 16 lanes."""
     r = _bench("synth-arith")
     L, W = 16, 64
     old = r["fp16_mul_fp32"]["LUT"] + r[f"adder_tree_{W}"]["LUT"] / W
-    lane, ax, aw = r[f"bfp_dot_{W}"], r[f"block_align_{W}_x"], r[f"block_align_{W}_w"]
-    own = (lane["LUT"] - ax["LUT"] - aw["LUT"]) / W
+    lane, ax, aw = r[f"dot_lane_{W}"], r[f"block_align_{W}_x"], r[f"block_align_{W}_w"]
+    own = lane["LUT"] / W
     lines = ["| MAC of a 16 x 64 matrix unit | LUT per MAC | DSP48E2 per MAC | of which |",
              "|---|---|---|---|",
-             f"| today: fp16 x fp16 -> fp32 multiplier, fp32 adder tree | {old:.0f} | "
+             f"| before v2: fp16 x fp16 -> fp32 multiplier, fp32 adder tree | {old:.0f} | "
              f"{r['fp16_mul_fp32']['DSP']} | multiplier {r['fp16_mul_fp32']['LUT']}, tree "
              f"{r[f'adder_tree_{W}']['LUT'] / W:.0f} |"]
     for R in (1, 2, 4):
         tot = own + aw["LUT"] / W / R + ax["LUT"] / W / L
-        lines.append(f"| v2 block floating point, R = {R} | {tot:.0f} | {lane['DSP'] // W} | "
+        built = "built" if R == 1 else "not built yet"
+        lines.append(f"| v2 block floating point, R = {R} ({built}) | {tot:.0f} | {lane['DSP'] // W} | "
                      f"lane {own:.0f}, weight alignment {aw['LUT'] / W / R:.0f}, activation "
                      f"alignment {ax['LUT'] / W / L:.1f} |")
     return "\n".join(lines)
@@ -212,6 +232,7 @@ def perf_what_if():
 # Blocks of figures, by name: README's summaries and docs/performance.md's full tables.
 FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "perf": fig_perf,
            "resources": fig_resources, "arith": fig_arith, "per-mac": fig_per_mac,
+           "calibration": fig_calibration,
            "synth-u280x4": lambda: synth_full("u280x4"), "synth-tiny": lambda: synth_full("tiny"),
            "perf-full": perf_full, "perf-what-if": perf_what_if}
 _BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)

@@ -100,7 +100,8 @@ FORMATS = (
         F("tt", 1, "the tiles are stored transposed: element (r, c) of a tile at c*lanes + r "
                    "(the V cache's layout, where a new position's column is contiguous)"),
     ), "For each token t and row r < rb*lanes: VSP[dst + t*dstride + r] = bias[r] + sum over "
-       "column blocks c of tree(W[r, cW:(c+1)W] * XB[xb + t*xstride + cW : ...]), consuming "
+       "column blocks c of dot(W[r, cW:(c+1)W], XB[xb + t*xstride + cW : ...]) (the block "
+       "floating-point dot product of docs/numerics.md, fp32), consuming "
        "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "
        "group, column block by column block; within that, row block by row block. group x "
        f"tokens <= {ACC_DEPTH} (the accumulator depth)."),

@@ -1,10 +1,11 @@
-"""The matrix unit: ``lanes x width`` fp16 multipliers, one fp32 adder tree per lane, fp32
-accumulators, fed one weight tile per cycle.
+"""The matrix unit: ``lanes`` block floating-point dot products of ``width`` fp16 pairs
+(hw/arith/dot.py: the input block aligned once for every lane, each tile row once, exact
+integer sums rounded once to fp32), fp32 accumulators, fed one weight tile per cycle.
 
 A MATVEC walks its tiles in the stream order (groups of row blocks; within a group, column
 block by column block; within that, row block by row block; each tile used by every token in
-turn) and issues one *step* (tile, token) per cycle. Per step, lane l computes the tree of
-the ``width`` products of its tile row with the token's input block from XB, and adds that
+turn) and issues one *step* (tile, token) per cycle. Per step, lane l computes the dot
+product of its tile row with the token's input block from XB (docs/numerics.md), and adds that
 partial sum to its accumulator slot (row block, token): the bias (or -0) on the first column
 block, the slot's running sum after. After the last column block the slot's value goes to an
 output FIFO, from which it is written to the VSP.
@@ -18,7 +19,7 @@ The bias of each group is loaded from the VSP into one of two banks while the pr
 runs, and read at step issue, then carried down the pipeline with the step.
 
 The parts: the step sequencer (hw/core/mpu_seq.py), the bias banks (hw/core/mpu_bias.py),
-the tile register with the multipliers and trees and the accumulators
+the tile register with the dot products and the accumulators
 (hw/core/mpu_datapath.py), the output writer (hw/core/mpu_out.py).
 """
 

@@ -90,7 +90,7 @@ class Accumulators(wiring.Component):
     ----------
     lanes, row_bits : int
     align : int
-        Cycles from stage 1 to stage X (the multipliers' and trees' latency).
+        Cycles from stage 1 to stage X (the dot products' latency).
 
     Members
     -------

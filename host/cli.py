@@ -133,6 +133,8 @@ def _resolve_config(args):
     if args.config is None and getattr(args, "_config_required", False):
         raise UserError(f"--config: missing; allowed: a config file (gptfpga {args.command} "
                         f"--config configs/tiny.yaml)")
+    if not given and pos is None and args.config == str(DEFAULT_CONFIG.relative_to(ROOT)):
+        args.config = str(DEFAULT_CONFIG)    # the default: the checkout's, from any directory
 
 
 def build_parser():

@@ -574,3 +574,13 @@ def test_run_prints_progress_to_a_log_only_when_long(tmp_path):
     assert r.returncode == 0, r.stderr
     json.loads(r.stdout)
     assert "run on iss:" in r.stderr and "compiling for 1 card" in r.stderr, r.stderr
+
+
+def test_default_config_from_another_directory(tmp_path):
+    """`gptfpga run` without --config uses the checkout's configs/tiny.yaml wherever it is
+    started (the default was a path relative to the working directory)."""
+    r = subprocess.run([sys.executable, "-m", "host.cli", "run", "--new-tokens", "1", "--json"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["config"] == "tiny"

@@ -136,16 +136,21 @@ def _unpack16(h):
     return s, np.maximum(e, 1), m, special & (f != 0), special & (f == 0), (e == 0) & (f == 0)
 
 
+def _align(h, bits):
+    """block_align's integers and exponent, and the elements' sign, nan, inf, zero masks."""
+    s, e, m, nan, inf, zero = _unpack16(h)
+    e = np.where(nan | inf, 1, e)
+    E = e.max(axis=-1)
+    mag = (m << (bits - 11)) >> np.minimum(E[..., None] - e, 62)
+    return np.where(s == 1, -mag, mag), E, s, nan, inf, zero
+
+
 def block_align(h, bits):
     """Align each block (the last axis) of fp16 values to the block's largest exponent:
     signed integers of ``bits`` magnitude bits, truncated toward zero, and the block's
     exponent E, so that value ~= a * 2^(E - 14 - bits). A block with no finite nonzero value
     has E = 1; infinities and NaNs align as 0 (bfp_dot's flags carry them)."""
-    s, e, m, nan, inf, _ = _unpack16(h)
-    e = np.where(nan | inf, 1, e)
-    E = e.max(axis=-1)
-    mag = (m << (bits - 11)) >> np.minimum(E[..., None] - e, 62)
-    return np.where(s == 1, -mag, mag), E
+    return _align(h, bits)[:2]
 
 
 _CHUNK = 1 << 16
@@ -156,21 +161,18 @@ def bfp_dot(w, x, *, a_bits=T.A_BITS, b_bits=T.B_BITS):
     x [..., W] (activations, aligned per block to ``a_bits``), broadcast against each other;
     the exact integer sum, rounded once to fp32 (nearest even). +0 when the sum is 0.
     Specials as IEEE gives them for the exact products: NaN if an input is NaN, an infinity
-    meets a zero, or infinities of both signs meet; otherwise the infinity of the products."""
-    w, x = np.broadcast_arrays(np.asarray(w, np.uint16), np.asarray(x, np.uint16))
-    rows = int(np.prod(w.shape[:-1]))
-    if rows > _CHUNK:           # bounded memory for the soak's millions of rows
-        w2, x2 = w.reshape(rows, -1), x.reshape(rows, -1)
-        out = np.concatenate([bfp_dot(w2[i:i + _CHUNK], x2[i:i + _CHUNK], a_bits=a_bits,
-                                      b_bits=b_bits) for i in range(0, rows, _CHUNK)])
-        return out.reshape(w.shape[:-1])
-    b, ew = block_align(w, b_bits)
-    a, ex = block_align(x, a_bits)
+    meets a zero, or infinities of both signs meet; otherwise the infinity of the products.
+    Each block is aligned once, before broadcasting (as the matrix unit shares them)."""
+    w, x = np.asarray(w, np.uint16), np.asarray(x, np.uint16)
+    if w.shape == x.shape and w.ndim == 2 and len(w) > _CHUNK:
+        # bounded memory for the soak's millions of rows
+        return np.concatenate([bfp_dot(w[i:i + _CHUNK], x[i:i + _CHUNK], a_bits=a_bits,
+                                       b_bits=b_bits) for i in range(0, len(w), _CHUNK)])
+    b, ew, sw, nw, iw, zw = _align(w, b_bits)
+    a, ex, sx, nx, ix, zx = _align(x, a_bits)
     total = (a * b).sum(axis=-1)                      # exact: |total| < 2^53
     r = np.ldexp(total.astype(np.float64), (ex + ew - 28 - a_bits - b_bits).astype(np.int64))
     out = r.astype(np.float32).view(np.uint32)        # one rounding of an exact value
-    sw, _, _, nw, iw, zw = _unpack16(w)
-    sx, _, _, nx, ix, zx = _unpack16(x)
     pnan = nw | nx | (iw & zx) | (ix & zw)
     pinf = (iw | ix) & ~pnan
     neg = (sw ^ sx) == 1

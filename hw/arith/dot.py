@@ -181,15 +181,11 @@ class IntDot(wiring.Component):
         # the classes: one OR level, then carried beside the sum
         any_n, any_p, any_m = (Signal(name=n, reset_less=True) for n in ("any_nan", "any_pinf", "any_ninf"))
         m.d.sync += [any_n.eq(Cat(*pn).any()), any_p.eq(Cat(*pp).any()), any_m.eq(Cat(*pm).any())]
-        nan = Signal(reset_less=True)
-        pinf = Signal(reset_less=True)
-        ninf = Signal(reset_less=True)
-        m.d.sync += [nan.eq(any_n | (any_p & any_m)), pinf.eq(any_p), ninf.eq(any_m)]
-        rest = self.LATENCY - 2
+        cls = Signal(3, name="cls", reset_less=True)         # nan, +inf, -inf
+        m.d.sync += cls.eq(Cat(any_n | (any_p & any_m), any_p, any_m))
+        cls_o = delay(m, cls, self.LATENCY - 2, name="cls_d", reset_less=True)[-1]
         m.d.comb += [self.o.eq(level[0]),
-                     self.nan.eq(delay(m, nan, rest, name="nan_d", reset_less=True)[-1] if rest else nan),
-                     self.pinf.eq(delay(m, pinf, rest, name="pinf_d", reset_less=True)[-1] if rest else pinf),
-                     self.ninf.eq(delay(m, ninf, rest, name="ninf_d", reset_less=True)[-1] if rest else ninf)]
+                     self.nan.eq(cls_o[0]), self.pinf.eq(cls_o[1]), self.ninf.eq(cls_o[2])]
         return m
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from hw.isa import MAX_TOKENS
 from hw.ring import MIN_LINK_BITS, MIN_RING_LINK_BITS
 
 __all__ = [
@@ -98,6 +99,10 @@ class CoreConfig:
     weight_fifo_tiles: int = _spec(int, "weight FIFO depth in tiles (prefetch ahead of the MPU)",
                                    lo=16, hi=1 << 16, pow2=True)
     limits: LimitsConfig = _spec(LimitsConfig, "largest model the build supports")
+    # Matrix unit v2's weight reuse (docs/performance.md): R token vectors meet each weight
+    # tile in one cycle, so a MATVEC over T tokens takes ceil(T / R) cycles per tile.
+    reuse: int = _spec(int, "token vectors that meet each weight tile per cycle (R)",
+                       lo=1, hi=MAX_TOKENS, pow2=True, default=1)
 
     @property
     def weight_bytes(self) -> int:

@@ -215,8 +215,7 @@ class BeatWriter(wiring.Component):
     """Beats as single-beat AXI writes on their channels; responses counted.
 
     AW and W of a beat go out together on its channel (either may be accepted first); at most
-    ``max_outstanding`` writes per channel (``channels x max_outstanding`` in all) await their
-    response.
+    ``max_outstanding`` writes on each channel await their response.
 
     Parameters
     ----------
@@ -236,9 +235,9 @@ class BeatWriter(wiring.Component):
     idle : ``Out(1)``
         No write awaits its response.
 
-    Timing: AW and W are valid combinationally on the FIFO's head (and the room); a beat is
-    taken in the cycle its second handshake completes (one beat per cycle at most);
-    ``outstanding`` and the sent flags are registers.
+    Timing: AW and W are valid combinationally on the FIFO's head (and its channel's room); a
+    beat is taken in the cycle its second handshake completes (one beat per cycle at most);
+    the per-channel ``outstanding`` counts and the sent flags are registers.
     """
 
     def __init__(self, *, channels, data_bits, max_outstanding):
@@ -254,14 +253,16 @@ class BeatWriter(wiring.Component):
         m = Module()
         C, head = self._channels, self.i.payload
         bshift = (self._bytes - 1).bit_length()
-        outstanding = Signal(range(C * (self._max_out + 1) + 1))
+        # Writes awaiting their response, per channel: a channel's AXI port never has more
+        # than max_outstanding (a total of C x max_outstanding let one channel have them all).
+        outstanding = [Signal(range(self._max_out + 1), name=f"outstanding{c}") for c in range(C)]
         aw_sent = Signal()
         w_sent = Signal()
         aw_ok = Signal()
         w_ok = Signal()
-        room = outstanding < self._max_out * C
         for c, axi in enumerate(self.axi):
             mine = self.i.valid & (head.ch == c)
+            room = outstanding[c] < self._max_out
             m.d.comb += [
                 axi.awid.eq(0), axi.awlen.eq(0), axi.awsize.eq(bshift), axi.awburst.eq(Burst.INCR),
                 axi.awaddr.eq(self.ptr[c] + (head.row << bshift)),
@@ -281,7 +282,8 @@ class BeatWriter(wiring.Component):
             m.d.sync += [aw_sent.eq(0), w_sent.eq(0)]
         with m.Elif(self.i.valid):
             m.d.sync += [aw_sent.eq(aw_ok), w_sent.eq(w_ok)]
-        responses = sum(axi.bvalid for axi in self.axi)
-        m.d.sync += outstanding.eq(outstanding + self.sent - responses)
-        m.d.comb += self.idle.eq((outstanding == 0) & (responses == 0))
+        for c, axi in enumerate(self.axi):
+            m.d.sync += outstanding[c].eq(outstanding[c] + (self.sent & (head.ch == c)) - axi.bvalid)
+        m.d.comb += self.idle.eq(Cat(*[(n == 0) & ~axi.bvalid
+                                       for n, axi in zip(outstanding, self.axi, strict=True)]).all())
         return m

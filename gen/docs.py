@@ -21,7 +21,7 @@ BENCH = ROOT / "docs" / "bench"
 
 def configs_md():
     lines = ["# Config reference", "",
-             "Generated from `gen/config.py` (`python -m gen.docs`); every key is required.", "",
+             "Generated from `gen/config.py` (`python -m gen.docs`); every key is required unless it has a default.", "",
              "| key | allowed | meaning |", "|---|---|---|"]
     lines += [f"| `{k}` | {a} | {d} |" for k, a, d in schema_rows()]
     return "\n".join(lines) + "\n"
@@ -149,12 +149,16 @@ def fig_resources():
     r = _bench("synth-card-u280x4")
     keys = ("LUT", "FF", "DSP", "BRAM36", "URAM")
     lines = [f"| {r['config']} card | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
-             "| units multiplied out, RAMs | " + " | ".join(_n(r["total"][k]) for k in keys) + " |",
+             "| every module synthesized, summed | " + " | ".join(_n(r["total"][k]) for k in keys) + " |",
              "| share of the U280 | " + " | ".join(f"{r['u280_share'][k]:.0%}" for k in keys) + " |"]
-    name, u = max(r["units"].items(), key=lambda kv: kv[1]["total"]["LUT"])
-    lines += ["", f"Not in the sum: {r['not_included']}. The largest part: {u['count']} x `{name}`, "
-              f"{_n(u['total']['LUT'])} LUTs ({u['total']['LUT'] / r['u280']['LUT']:.0%} of the U280's), "
-              f"the first thing to change before a board build (docs/resources.md)."]
+    big = max(r["modules"], key=lambda m: m["total"]["LUT"])
+    shape = (f" Counted from their shapes (Yosys maps them to flip-flops): "
+             f"{', '.join(m['path'] for m in r['from_shape'])}." if r["from_shape"] else "")
+    lines += ["", f"`lut_fraction` {r['lut_fraction']:.3f}, `dsp_fraction` {r['dsp_fraction']:.3f}: the "
+              f"whole card's LUTs / {_n(r['u280']['LUT'])} and DSPs / {_n(r['u280']['DSP'])}, the "
+              f"platform excluded (issue 20's floors: 0.45 and 0.55). The largest module: `{big['name']}` "
+              f"({big['class']}), {_n(big['total']['LUT'])} LUTs ({big['total']['LUT'] / r['u280']['LUT']:.0%} "
+              f"of the U280's); per module in docs/resources.md.{shape}"]
     return "\n".join(lines)
 
 

@@ -96,9 +96,10 @@ class CardModel:
     """Timing of one card's program. ``run(words)`` is a generator: it yields each COLL's
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
-    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=1):
+    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None):
         self.cfg, self.o = cfg, overheads
-        self.R = reuse          # token vectors meeting a weight tile per cycle (a what-if: 1 built)
+        # token vectors meeting a weight tile per cycle: the config's (core.reuse), or a what-if
+        self.R = cfg.core.reuse if reuse is None else reuse
         self.cards = cards or cfg.cards
         self.trace = [] if trace else None      # (pc, op, issue cycle, done cycle)
         c = cfg.core
@@ -425,12 +426,13 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     return int(math.ceil(steps * (lat + overheads.coll_hop + 2 * move) + first + setup + own + add))
 
 
-def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=1):
+def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=None):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card).
     ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if). With
     ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)].
-    ``reuse``: token vectors meeting each weight tile per cycle (a what-if; the card has 1)."""
+    ``reuse``: token vectors meeting each weight tile per cycle (a what-if; default the
+    config's core.reuse)."""
     cards = len(programs)
     models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse)
               for _ in programs]
@@ -497,7 +499,7 @@ class StepCosts:
     linearly with its position: the attention over the KV cache)."""
 
     def __init__(self, cfg, shape, cards, *, overheads=Overheads(), coll_algorithm="ring",
-                 reuse=1, max_tokens=None):
+                 reuse=None, max_tokens=None):
         from .compiler import CompiledModel, check_limits
         from .model import Gpt2
         check_limits(cfg, shape, "--model-shape")

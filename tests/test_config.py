@@ -16,11 +16,11 @@ U280 = ROOT / "configs" / "u280x4.yaml"
 
 def test_shipped_configs_load():
     tiny, u280 = load_config(TINY), load_config(U280)
-    assert (tiny.cards, tiny.macs_per_cycle) == (2, 64)
+    assert (tiny.cards, tiny.macs_per_cycle, tiny.core.reuse) == (2, 128, 2)
     lim = tiny.core.limits
     assert (lim.d_model, lim.heads, lim.layers, lim.vocab, lim.seq_len) >= (128, 8, 4, 1024, 128)
     # DFX class: 16 x 64 MACs, 32 x 512-bit channels = 2048 B/cycle = 409.6 GB/s at 200 MHz.
-    assert u280.macs_per_cycle == 1024
+    assert (u280.macs_per_cycle, u280.weight_bytes_per_cycle) == (2048, 2048)
     assert u280.hbm_port_bytes_per_cycle == 2048
     assert u280.hbm_peak_gbytes_per_s == pytest.approx(409.6)
     # 100 Gb/s at 200 MHz is 62.5 B/cycle, under the 64 B/cycle of a 512-bit port.
@@ -70,6 +70,10 @@ CASES = {
     "int8_not_built": (lambda d: d["core"].__setitem__("weight_dtype", "int8"),
                        ["core.weight_dtype: got 'int8'", "allowed: one of 'fp16'"]),
     "not_pow2": (lambda d: d["core"].__setitem__("width", 24), ["core.width: got 24", "power of two"]),
+    # weight reuse: R token vectors a step, at most the MATVEC's tokens (the ISA's 4-bit field)
+    "reuse_not_pow2": (lambda d: d["core"].__setitem__("reuse", 3), ["core.reuse: got 3", "power of two"]),
+    "reuse_past_tokens": (lambda d: d["core"].__setitem__("reuse", 16),
+                          ["core.reuse: got 16", "power of two in [1, 8]"]),
     "inconsistent": (lambda d: d["core"].__setitem__("lanes", 8),
                      ["core.lanes x core.width: got 8 x 16", "256 bytes/cycle", "128 bytes/cycle"]),
     "not_a_mapping": (lambda d: d.__setitem__("hbm", [1, 2]), ["hbm: got a list"]),

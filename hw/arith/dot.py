@@ -263,20 +263,24 @@ class BfpToFp32(wiring.Component):
 
 class DotArray(wiring.Component):
     """``lanes`` dot products of ``width`` fp16 weights each (a tile: lane l's row in ``w``)
-    with one block of ``width`` fp16 activations ``x``, shared: the activations are aligned
-    once for every lane, each weight row once. Lane l's result is
-    ``bfp_dot(w[l], x)`` (:func:`sim.ref.arith.bfp_dot`), ``latency(width)`` cycles later.
+    with ``reuse`` blocks of ``width`` fp16 activations ``x`` (one per token), every pair:
+    each token's activations are aligned once for every lane, each weight row once for every
+    token. Token j's lane l result is ``bfp_dot(w[l], x[j])`` (:func:`sim.ref.arith.bfp_dot`),
+    ``latency(width)`` cycles later.
 
     Members
     -------
-    w : ``In(16 * width * lanes)``, lane 0's row in the low bits; x : ``In(16 * width)``
-    o : ``Out(32 * lanes)``
+    w : ``In(16 * width * lanes)``, lane 0's row in the low bits
+    x : ``In(16 * width * reuse)``, token 0's block in the low bits
+    o : ``Out(32 * lanes * reuse)``, token j's lane l in word ``j * lanes + l``
     """
 
-    def __init__(self, *, lanes, width, a_bits=A_BITS, b_bits=B_BITS):
-        self.lanes, self.width, self.a_bits, self.b_bits = lanes, width, a_bits, b_bits
+    def __init__(self, *, lanes, width, reuse=1, a_bits=A_BITS, b_bits=B_BITS):
+        self.lanes, self.width, self.reuse = lanes, width, reuse
+        self.a_bits, self.b_bits = a_bits, b_bits
         self.LATENCY = self.latency(width, a_bits, b_bits)
-        super().__init__({"w": In(16 * width * lanes), "x": In(16 * width), "o": Out(32 * lanes)})
+        super().__init__({"w": In(16 * width * lanes), "x": In(16 * width * reuse),
+                          "o": Out(32 * lanes * reuse)})
 
     @staticmethod
     def latency(width, a_bits=A_BITS, b_bits=B_BITS):
@@ -284,16 +288,22 @@ class DotArray(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        W, rowbits = self.width, 16 * self.width
-        m.submodules.xal = xal = BlockAlign(W, self.a_bits)
-        m.d.comb += xal.a.eq(self.x)
-        for lane in range(self.lanes):
+        W, L, rowbits = self.width, self.lanes, 16 * self.width
+        xals = []
+        for j in range(self.reuse):
+            m.submodules[f"xal{j}" if self.reuse > 1 else "xal"] = xal = BlockAlign(W, self.a_bits)
+            m.d.comb += xal.a.eq(self.x[rowbits * j:rowbits * (j + 1)])
+            xals.append(xal)
+        for lane in range(L):
             m.submodules[f"wal{lane}"] = wal = BlockAlign(W, self.b_bits)
-            m.submodules[f"lane{lane}"] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits)
-            m.d.comb += [wal.a.eq(self.w[rowbits * lane:rowbits * (lane + 1)]),
-                         dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
-                         dl.b.eq(wal.o), dl.fb.eq(wal.flags), dl.eb.eq(wal.e),
-                         self.o[32 * lane:32 * (lane + 1)].eq(dl.o)]
+            m.d.comb += wal.a.eq(self.w[rowbits * lane:rowbits * (lane + 1)])
+            for j, xal in enumerate(xals):
+                name = f"lane{lane}" if self.reuse == 1 else f"lane{lane}_t{j}"
+                m.submodules[name] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits)
+                k = j * L + lane
+                m.d.comb += [dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
+                             dl.b.eq(wal.o), dl.fb.eq(wal.flags), dl.eb.eq(wal.e),
+                             self.o[32 * k:32 * (k + 1)].eq(dl.o)]
         return m
 
 

@@ -110,7 +110,7 @@ class Card(wiring.Component):
         m.submodules.wfifo = u.wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
                                                         depth=c.weight_fifo_tiles)
         m.submodules.mpu = u.mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
-                                       vsp_rows=rows, xb_words=c.xb_words)
+                                       vsp_rows=rows, xb_words=c.xb_words, reuse=c.reuse)
         m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
                                        width=c.width, red_max=cfg.reduce_max)
         ring = ["coll"] if self.ring else []
@@ -180,10 +180,13 @@ class Card(wiring.Component):
                                (u.dma_rd.w, vsp.w_load), (u.dma_wr.r, vsp.r_store)):
             wiring.connect(m, port, vsp_port)
         xw = u.xb.write_port(granularity=16)
-        xr = u.xb.read_port(transparent_for=())
         m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
-                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0)),
-                     xr.addr.eq(mpu.xb.addr), xr.en.eq(1), mpu.xb.data.eq(xr.data)]
+                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0))]
+        xrow = 16 * mpu.W
+        for j in range(mpu.R):         # one read port per token of a matrix-unit step
+            xr = u.xb.read_port(transparent_for=())
+            m.d.comb += [xr.addr.eq(mpu.xb.addr[j]), xr.en.eq(1),
+                         mpu.xb.data[xrow * j:xrow * (j + 1)].eq(xr.data)]
 
     def _status(self, m, u):
         """The stop (every unit quiet), the watchdog (no unit's progress), the counters."""

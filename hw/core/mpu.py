@@ -3,12 +3,14 @@
 integer sums rounded once to fp32), fp32 accumulators, fed one weight tile per cycle.
 
 A MATVEC walks its tiles in the stream order (groups of row blocks; within a group, column
-block by column block; within that, row block by row block; each tile used by every token in
-turn) and issues one *step* (tile, token) per cycle. Per step, lane l computes the dot
-product of its tile row with the token's input block from XB (docs/numerics.md), and adds that
-partial sum to its accumulator slot (row block, token): the bias (or -0) on the first column
-block, the slot's running sum after. After the last column block the slot's value goes to an
-output FIFO, from which it is written to the VSP.
+block by column block; within that, row block by row block; each tile used by every token
+group in turn) and issues one *step* (tile, token group) per cycle. A token group is ``reuse``
+(R) consecutive tokens: the tile meets all of them in the step, so a MATVEC over T tokens takes
+ceil(T / R) steps per tile. Per step, lane l computes the dot product of its tile row with each
+token's input block from XB (R read ports; docs/numerics.md), and adds those partial sums to
+its accumulator slot (row block, token group): the bias (or -0) on the first column block,
+the slot's running sums after. After the last column block the slot's values go to an output
+FIFO, from which they are written to the VSP token by token.
 
 The pipelines have no enable; the step sequencer guarantees everything they need:
 - a step that updates a slot waits until the slot's previous update has been written back
@@ -24,7 +26,7 @@ the tile register with the dot products and the accumulators
 """
 
 from amaranth.hdl import Module
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.dot import DotArray
@@ -41,10 +43,12 @@ __all__ = ["Mpu", "XbRead"]
 
 
 class XbRead(wiring.Signature):
-    """Read port of XB: a row address, the row of ``width`` fp16 words one cycle later."""
+    """Read ports of XB, one per token of a step (``reuse``): a row address each, the row of
+    ``width`` fp16 words one cycle later (port j's in ``data[16 width j, 16 width (j + 1))``)."""
 
-    def __init__(self, row_bits, width):
-        super().__init__({"addr": Out(row_bits), "data": In(16 * width)})
+    def __init__(self, row_bits, width, reuse=1):
+        super().__init__({"addr": Out(data.ArrayLayout(row_bits, reuse)),
+                          "data": In(16 * width * reuse)})
 
 
 class Mpu(wiring.Component):
@@ -57,26 +61,29 @@ class Mpu(wiring.Component):
     vector_lanes, vsp_rows : int
         The VSP's words per row, and rows.
     xb_words : int
+    reuse : int
+        Token vectors that meet each tile per step (R): a MATVEC over T tokens takes
+        ceil(T / R) steps per tile.
 
     Members
     -------
     cmd : ``In(stream.Signature(MatvecCmd))``  (checked instructions only)
     tiles : ``In(stream.Signature(lanes * width * 16))``  the weight FIFO's output
-    xb : ``Out(XbRead)``  synchronous read, one cycle
+    xb : ``Out(XbRead)``  ``reuse`` synchronous reads, one cycle
     r_bias : ``Out(ReadPort)`` ; w_out : ``Out(WritePort)``
     done : ``Out(1)``  pulse as a MATVEC's last output is written
     busy, starve : ``Out(1)``  (starve: a step waits for a tile)
     discard : ``In(1)``  while idle, drop tiles (stopping after an error or leftover tiles)
     """
 
-    def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words):
-        self.L, self.W, self.P = lanes, width, vector_lanes
+    def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words, reuse=1):
+        self.L, self.W, self.P, self.R = lanes, width, vector_lanes, reuse
         self.vsp_row_bits = (vsp_rows - 1).bit_length()
         self.xb_row_bits = max(1, (xb_words // width - 1).bit_length())
         super().__init__({
             "cmd": In(stream.Signature(MatvecCmd)),
             "tiles": In(stream.Signature(lanes * width * 16)),
-            "xb": Out(XbRead(self.xb_row_bits, width)),
+            "xb": Out(XbRead(self.xb_row_bits, width, reuse)),
             "r_bias": Out(ReadPort(self.vsp_row_bits, vector_lanes)),
             "w_out": Out(WritePort(self.vsp_row_bits, vector_lanes)),
             "done": Out(1),
@@ -87,7 +94,7 @@ class Mpu(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        L, W, P, rows = self.L, self.W, self.P, self.vsp_row_bits
+        L, W, P, R, rows = self.L, self.W, self.P, self.R, self.vsp_row_bits
         # Step issue -> partial sums: the tile and XB registers, the dot products.
         X = 1 + DotArray.latency(W)
         # Step k issued in cycle s reads its slot in cycle s + X - 1 (the accumulator's read
@@ -97,11 +104,11 @@ class Mpu(wiring.Component):
         # With group x tokens >= ADD + 2 (= 8) rotating slots this never stalls.
         m.submodules.seq = seq = MpuSequencer(lanes=L, width=W, vector_lanes=P, vsp_row_bits=rows,
                                               xb_row_bits=self.xb_row_bits,
-                                              window=Fp32Add.LATENCY + 1)
+                                              window=Fp32Add.LATENCY + 1, reuse=R)
         m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows)
-        m.submodules.mac = mac = MacArray(lanes=L, width=W)
-        m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 1)
-        m.submodules.out = out = OutWriter(lanes=L, vector_lanes=P, row_bits=rows)
+        m.submodules.mac = mac = MacArray(lanes=L, width=W, reuse=R)
+        m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 1, reuse=R)
+        m.submodules.out = out = OutWriter(lanes=L, vector_lanes=P, row_bits=rows, reuse=R)
 
         # Steps: a MATVEC's (tile, token) pairs, as the tiles, the bias and the room allow.
         wiring.connect(m, wiring.flipped(self.cmd), seq.cmd)

@@ -26,9 +26,13 @@ __all__ = ["NEG_ZERO", "out_layout", "MacArray", "Accumulators"]
 NEG_ZERO = 0x80000000
 
 
-def out_layout(lanes, row_bits):
-    """A finished output row block: ``lanes`` fp32 sums, its VSP row, the MATVEC's last."""
-    return data.StructLayout({"data": 32 * lanes, "row": row_bits, "end": 1})
+def out_layout(lanes, row_bits, reuse=1):
+    """A finished output row block of up to ``reuse`` tokens: ``lanes`` fp32 sums and a VSP row
+    for each (token j's in word ``j * lanes + l`` and ``rows[j]``), how many tokens are real
+    (``n``, 1..reuse: the first ``n``), the MATVEC's last."""
+    return data.StructLayout({"data": 32 * lanes * reuse,
+                              "rows": data.ArrayLayout(row_bits, reuse),
+                              "n": reuse.bit_length(), "end": 1})
 
 
 class MacArray(wiring.Component):
@@ -42,6 +46,8 @@ class MacArray(wiring.Component):
     Parameters
     ----------
     lanes, width : int
+    reuse : int
+        Tokens that meet the tile per step (R): R input blocks, R x lanes partial sums.
 
     Members
     -------
@@ -54,17 +60,20 @@ class MacArray(wiring.Component):
         Take and discard tiles (while the matrix unit is idle and the core stops).
     tt : ``In(1)``
         The tile is stored transposed.
-    x : ``In(16 * width)``
-        The step's input block (XB's read data: stage 1, beside the tile register).
-    o : ``Out(32 * lanes)``
-        The partial sums, ``DotArray.latency(width)`` cycles after stage 1.
+    x : ``In(16 * width * reuse)``
+        The step's input blocks, token 0's in the low bits (XB's read data: stage 1, beside
+        the tile register).
+    o : ``Out(32 * lanes * reuse)``
+        The partial sums, token j's lane l in word ``j * lanes + l``,
+        ``DotArray.latency(width)`` cycles after stage 1.
     """
 
-    def __init__(self, *, lanes, width):
-        self._lanes, self._width = lanes, width
+    def __init__(self, *, lanes, width, reuse=1):
+        self._lanes, self._width, self._reuse = lanes, width, reuse
         bits = lanes * width * 16
         super().__init__({"tiles": In(stream.Signature(bits)), "take": In(1), "drop": In(1),
-                          "tt": In(1), "x": In(16 * width), "o": Out(32 * lanes)})
+                          "tt": In(1), "x": In(16 * width * reuse),
+                          "o": Out(32 * lanes * reuse)})
 
     def elaborate(self, platform):
         m = Module()
@@ -74,45 +83,48 @@ class MacArray(wiring.Component):
         m.d.comb += self.tiles.ready.eq(self.take | self.drop)
         with m.If(self.take):
             m.d.sync += tile.eq(Mux(self.tt, tposed, p))
-        m.submodules.dot = dot = DotArray(lanes=L, width=W)
+        m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse)
         m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
         return m
 
 
 class Accumulators(wiring.Component):
-    """The running sums: one slot of ``lanes`` fp32 words per (row block, token) of a group.
+    """The running sums: one slot of ``reuse`` x ``lanes`` fp32 words per (row block, token
+    group) of a MATVEC group.
 
     A step's partial sums are added to its slot (to the bias, or -0, on the first column
-    block); the sum goes back into the slot, or out after the last column block. The step's
-    metadata and bias, taken at stage 1, are delayed to stage X beside the arithmetic.
+    block: one bias row for all its tokens); the sum goes back into the slot, or out after the
+    last column block. The step's metadata and bias, taken at stage 1, are delayed to stage X
+    beside the arithmetic.
 
     Parameters
     ----------
-    lanes, row_bits : int
+    lanes, row_bits, reuse : int
     align : int
         Cycles from stage 1 to stage X (the dot products' latency).
 
     Members
     -------
-    s1 : ``In(step_layout(row_bits))``; bias : ``In(32 * lanes)``
+    s1 : ``In(step_layout(row_bits, reuse))``; bias : ``In(32 * lanes)``
         The step's metadata and bias row at stage 1.
-    partial : ``In(32 * lanes)``
+    partial : ``In(32 * lanes * reuse)``
         Its partial sums at stage X.
-    o : ``Out(stream.Signature(out_layout(lanes, row_bits), always_ready=True))``
+    o : ``Out(stream.Signature(out_layout(lanes, row_bits, reuse), always_ready=True))``
         Finished rows (last column block), ``Fp32Add.LATENCY`` cycles after stage X.
     """
 
-    def __init__(self, *, lanes, row_bits, align):
-        self._lanes, self._align = lanes, align
+    def __init__(self, *, lanes, row_bits, align, reuse=1):
+        self._lanes, self._align, self._reuse = lanes, align, reuse
         super().__init__({
-            "s1": In(step_layout(row_bits)), "bias": In(32 * lanes), "partial": In(32 * lanes),
-            "o": Out(stream.Signature(out_layout(lanes, row_bits), always_ready=True)),
+            "s1": In(step_layout(row_bits, reuse)), "bias": In(32 * lanes),
+            "partial": In(32 * lanes * reuse),
+            "o": Out(stream.Signature(out_layout(lanes, row_bits, reuse), always_ready=True)),
         })
 
     def elaborate(self, platform):
         m = Module()
-        L, n = self._lanes, self._align
-        m.submodules.acc = acc = Memory(shape=32 * L, depth=ACC_DEPTH, init=[])
+        L, R, n = self._lanes, self._reuse, self._align
+        m.submodules.acc = acc = Memory(shape=32 * L * R, depth=ACC_DEPTH, init=[])
         aw = acc.write_port()
         ar = acc.read_port(transparent_for=())
         mX = delay(m, self.s1, n, name="meta_x")[-1]
@@ -121,15 +133,17 @@ class Accumulators(wiring.Component):
         mXm1 = delay(m, self.s1, n - 1, name="meta_xm")[-1] if n >= 2 else self.s1
         m.d.comb += [ar.addr.eq(mXm1.slot), ar.en.eq(1)]
         sums = []
-        for lane in range(L):
-            m.submodules[f"acc_add{lane}"] = add = Fp32Add()
-            word = slice(32 * lane, 32 * (lane + 1))
-            init = Mux(mX.bias_en, biasX[word], NEG_ZERO)
+        for k in range(L * R):
+            m.submodules[f"acc_add{k}"] = add = Fp32Add()
+            word = slice(32 * k, 32 * (k + 1))
+            lane = slice(32 * (k % L), 32 * (k % L + 1))
+            init = Mux(mX.bias_en, biasX[lane], NEG_ZERO)
             m.d.comb += [add.a.eq(Mux(mX.first, init, ar.data[word])), add.b.eq(self.partial[word])]
             sums.append(add.o)
         mA = delay(m, mX, Fp32Add.LATENCY, name="meta_a")[-1]
         result = Cat(*sums)
         m.d.comb += [aw.addr.eq(mA.slot), aw.data.eq(result), aw.en.eq(mA.valid & ~mA.last),
                      self.o.valid.eq(mA.valid & mA.last), self.o.payload.data.eq(result),
-                     self.o.payload.row.eq(mA.row), self.o.payload.end.eq(mA.end)]
+                     self.o.payload.rows.eq(mA.rows), self.o.payload.n.eq(mA.n),
+                     self.o.payload.end.eq(mA.end)]
         return m

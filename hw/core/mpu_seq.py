@@ -1,5 +1,7 @@
-"""The matrix unit's step sequencer (hw/core/mpu.py): a MATVEC's (tile, token) steps in the
-stream order, one per cycle when nothing forbids it.
+"""The matrix unit's step sequencer (hw/core/mpu.py): a MATVEC's (tile, token group) steps in
+the stream order, one per cycle when nothing forbids it. A token group is ``reuse`` (R)
+consecutive tokens that meet the tile in the same step (the last group of a MATVEC may have
+fewer).
 
 A step may not issue while (a) it starts a tile and the weight FIFO has none, (b) it updates an
 accumulator slot whose last update is still in the pipeline, (c) it ends a row and the output
@@ -17,15 +19,16 @@ __all__ = ["SLOT_BITS", "step_layout", "group_rows", "SlotWindow", "MpuSequencer
 SLOT_BITS = 6           # an accumulator slot (hw.isa.ACC_DEPTH of them)
 
 
-def step_layout(row_bits):
+def step_layout(row_bits, reuse=1):
     """What a step carries down the pipeline."""
     return data.StructLayout({
         "valid": 1,
         "first": 1,             # first column block: start from the bias (or -0), not the slot
         "last": 1,              # last column block: the sum is final, to the output FIFO
         "end": 1,               # the MATVEC's last output
-        "slot": SLOT_BITS,      # accumulator slot (row block, token)
-        "row": row_bits,        # VSP row of the output
+        "slot": SLOT_BITS,      # accumulator slot (row block, token group)
+        "rows": data.ArrayLayout(row_bits, reuse),  # VSP row of each token's output
+        "n": reuse.bit_length(),  # tokens in the group (the first n of the reuse)
         "bias_en": 1,
     })
 
@@ -80,7 +83,8 @@ class SlotWindow(wiring.Component):
 
 class MpuSequencer(wiring.Component):
     """Issues a MATVEC's steps: groups of row blocks; within a group, column block by column
-    block; within that, row block by row block; each tile used by every token in turn.
+    block; within that, row block by row block; each tile used by every token group in turn
+    (``reuse`` tokens a step).
 
     Back to back: the next MATVEC is taken as soon as this one has issued its last step; the
     steps still in the pipeline carry everything they need (slot, row, bias), and each
@@ -92,6 +96,8 @@ class MpuSequencer(wiring.Component):
     vsp_row_bits, xb_row_bits : int
     window : int
         ``SlotWindow``'s.
+    reuse : int
+        Tokens per step (R).
 
     Members
     -------
@@ -116,45 +122,47 @@ class MpuSequencer(wiring.Component):
         It ends a row (reserves room in the output FIFO).
     group_done : ``Out(1)``
         It is its group's last (the group's bias bank is free).
-    xrow : ``Out(xb_row_bits)``
-        XB row of its input block (read at issue).
+    xrow : ``Out(ArrayLayout(xb_row_bits, reuse))``
+        XB row of each token's input block (read at issue; past the group's tokens: unused).
     block : ``Out(SLOT_BITS)``
         Its row block in the group (the bias bank's row, read at issue).
-    s1 : ``Out(step_layout(vsp_row_bits))``
+    s1 : ``Out(step_layout(vsp_row_bits, reuse))``
         The step's metadata, registered: valid one cycle after issue (stage 1).
     starve : ``Out(1)``
         A step waits for a tile.
     """
 
-    def __init__(self, *, lanes, width, vector_lanes, vsp_row_bits, xb_row_bits, window):
+    def __init__(self, *, lanes, width, vector_lanes, vsp_row_bits, xb_row_bits, window, reuse=1):
         self._lanes, self._width, self._vlanes = lanes, width, vector_lanes
-        self._window = window
+        self._window, self._reuse = window, reuse
         super().__init__({
             "cmd": In(stream.Signature(MatvecCmd)),
             "mv": Out(MatvecCmd), "active": Out(1), "begin": Out(1),
             "tile_valid": In(1), "credit": In(1), "bias_ready": In(1),
             "step": Out(1), "pop": Out(1), "claim": Out(1), "group_done": Out(1),
-            "xrow": Out(xb_row_bits), "block": Out(SLOT_BITS),
-            "s1": Out(step_layout(vsp_row_bits)),
+            "xrow": Out(data.ArrayLayout(xb_row_bits, reuse)), "block": Out(SLOT_BITS),
+            "s1": Out(step_layout(vsp_row_bits, reuse)),
             "starve": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        mv, step = self.mv, self.step
+        mv, step, R = self.mv, self.step, self._reuse
         pshift = (self._vlanes - 1).bit_length()
         wshift = (self._width - 1).bit_length()
+        rshift = (R - 1).bit_length()
         lpr = self._lanes // self._vlanes           # VSP rows per output row block
         g0 = Signal(16)          # first row block of the current group
         gs = Signal(9)           # row blocks in the current group
         c = Signal(12)
         ri = Signal(8)           # row block within the group
-        t = Signal(4)
+        t = Signal(5)            # first token of the step's group
+        ntg = Signal(5)          # token groups of the MATVEC: ceil(tokens / R)
         issued_all = Signal()
 
         # The step's place, and what may hold it back.
         m.submodules.window = window = SlotWindow(window=self._window)
-        slot = (ri * mv.tokens + t)[0:SLOT_BITS]
+        slot = (ri * ntg + (t >> rshift))[0:SLOT_BITS]
         first_c, last_c, need_tile = c == 0, c == mv.cb - 1, t == 0
         m.d.comb += [window.slot.eq(slot), window.update.eq(step & ~last_c)]
         hazard = window.hazard & ~first_c       # the first column block does not read its slot
@@ -164,19 +172,24 @@ class MpuSequencer(wiring.Component):
         m.d.comb += [step.eq(waiting & tile_ok & ~hazard & (~last_c | self.credit) & bias_ok),
                      self.starve.eq(waiting & ~tile_ok),
                      self.pop.eq(step & need_tile), self.claim.eq(step & last_c),
-                     self.block.eq(ri[0:SLOT_BITS]),
-                     self.xrow.eq((mv.xb >> wshift) + t * (mv.xstride >> wshift) + c)]
-        last_t, last_ri = t == mv.tokens - 1, ri == gs - 1
+                     self.block.eq(ri[0:SLOT_BITS])]
+        xs, ds = mv.xstride >> wshift, mv.dstride >> pshift
+        xrow0 = (mv.xb >> wshift) + t * xs + c
+        row0 = (mv.dst >> pshift) + t * ds + (g0 + ri) * lpr
+        for j in range(R):
+            m.d.comb += self.xrow[j].eq(xrow0 + j * xs)
+        last_t, last_ri = t + R >= mv.tokens, ri == gs - 1
         m.d.sync += [self.s1.valid.eq(step), self.s1.first.eq(first_c), self.s1.last.eq(last_c),
                      self.s1.slot.eq(slot), self.s1.bias_en.eq(mv.bias_en),
-                     self.s1.end.eq(last_t & last_ri & last_c & (g0 + gs >= mv.rb)),
-                     self.s1.row.eq((mv.dst >> pshift) + ((t * mv.dstride) >> pshift)
-                                    + ((g0 + ri) * lpr))]
+                     self.s1.n.eq(Mux(last_t, mv.tokens - t, R)),
+                     self.s1.end.eq(last_t & last_ri & last_c & (g0 + gs >= mv.rb))]
+        for j in range(R):
+            m.d.sync += self.s1.rows[j].eq(row0 + j * ds)
 
         # The loop nest: token, row block in the group, column block, group.
         m.d.comb += self.group_done.eq(step & last_t & last_ri & last_c)
         with m.If(step):
-            m.d.sync += t.eq(Mux(last_t, 0, t + 1))
+            m.d.sync += t.eq(Mux(last_t, 0, t + R))
             with m.If(last_t):
                 m.d.sync += ri.eq(Mux(last_ri, 0, ri + 1))
                 with m.If(last_ri):
@@ -195,5 +208,6 @@ class MpuSequencer(wiring.Component):
         with m.If(self.begin):
             p = self.cmd.payload
             m.d.sync += [mv.eq(p), self.active.eq(1), g0.eq(0), c.eq(0), ri.eq(0), t.eq(0),
-                         issued_all.eq(0), gs.eq(Mux(p.rb < p.group, p.rb, p.group))]
+                         issued_all.eq(0), gs.eq(Mux(p.rb < p.group, p.rb, p.group)),
+                         ntg.eq((p.tokens + R - 1) >> rshift)]
         return m

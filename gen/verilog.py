@@ -12,6 +12,7 @@ sim/system.py, sim/fabric.py) turn Amaranth's UnusedElaboratable warning off on 
 
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from amaranth.hdl import Const, Elaboratable, Signal, Value, ValueCastable
 from amaranth.hdl._ir import PortDirection
 from amaranth.lib import wiring
 
-__all__ = ["PortDirection", "flat_ports", "to_verilog"]
+__all__ = ["PortDirection", "flat_ports", "to_verilog", "drop_zero_meminit"]
 
 ROOT = Path(__file__).resolve().parent.parent
 RTLIL_CACHE = ROOT / "build" / "rtlil"
@@ -104,6 +105,20 @@ def _rtlil(component, name, ports, cache_key):
     return text
 
 
+# Amaranth gives every memory an initial value, all zeros where the design gave none
+# (``init=[]``): a $meminit_v2 cell that Yosys writes as an ``initial`` block. A block RAM
+# may take one, an UltraRAM cannot (it has no INIT): the all-zero ones are dropped, so no
+# memory of the card has initial contents and none may rely on them (each starts from its
+# writes, as on the board). Memories with real contents (the arithmetic tables) keep theirs.
+_ZERO_MEMINIT = re.compile(r"  cell \$meminit_v2 \S+\n(?:    (?!connect \\DATA).*\n)*"
+                           r"    connect \\DATA \d+'0+\n(?:    .*\n)*  end\n")
+
+
+def drop_zero_meminit(text):
+    """RTLIL ``text`` without its all-zero memory initializations."""
+    return _ZERO_MEMINIT.sub("", text)
+
+
 def to_verilog(component, name, *, extra_ports=None, purge=False, cache_key=None, module=None):
     """Verilog text of ``component`` as module ``name``.
 
@@ -122,7 +137,7 @@ def to_verilog(component, name, *, extra_ports=None, purge=False, cache_key=None
     ports = flat_ports(component)
     if extra_ports:
         ports.update(extra_ports)
-    text = _rtlil(component, name, ports, cache_key)
+    text = drop_zero_meminit(_rtlil(component, name, ports, cache_key))
     if module is not None and module != name:
         # Amaranth's built-in Yosys has no `rename`; the top's name appears once, in its header.
         header = f"\nmodule \\{name}\n"

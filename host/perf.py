@@ -65,6 +65,9 @@ FETCH_CHUNK, FETCH_DEPTH = 16, 32
 DMA_RD_QUEUE = 4
 STORE_QUEUE = 2                  # hw/core/dma.py
 ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
+# The weight FIFO (hw/core/wfifo.py): beats read ahead of the storage, a tile's cycles from
+# its write to its first possible pop, and from a pop to the tile register.
+WFIFO_QUEUE, WFIFO_IN_TO_POP, WFIFO_POP_TO_TILE = 4, 4, 2
 
 
 def dot_latency(width):
@@ -110,7 +113,8 @@ class CardModel:
         # Stripes per cycle: every channel delivers a beat per cycle, or less where the HBM's
         # bandwidth per channel is below the port's width.
         self.rate = cfg.hbm_channel_bytes_per_cycle / cfg.hbm_beat_bytes
-        self.X = 1 + dot_latency(self.W)
+        # a step's issue to its partial sums: the pop to the tile register, the dot products
+        self.X = WFIFO_POP_TO_TILE + dot_latency(self.W)
         self.lpr = max(1, self.L // self.P)
         self.seg = c.vsp_words // c.vsp_segments      # VSP words per segment (one read a cycle)
         self.beat = cfg.hbm_beat_bytes
@@ -246,11 +250,12 @@ class CardModel:
                     base = streamed
                     idx = np.arange(k)
                     want = start + (idx / self.rate).astype(np.int64)
-                    # room in the FIFO: tile j enters after tile j - depth has left it
-                    j = base + idx - self.depth
+                    # room in the FIFO: tile j enters after tile j - (depth + read-ahead)
+                    # has left it (its place in the queue, then the storage's, freed)
+                    j = base + idx - self.depth - WFIFO_QUEUE
                     room = np.zeros(k, np.int64)
                     has = j >= 0           # claimed by an issued MATVEC (the ISA's FIFO rule)
-                    room[has] = tile_out[j[has]] + 1
+                    room[has] = tile_out[j[has]] + 2
                     arr = _chain(np.maximum(want, room), np.ones(k, np.int64))
                     tile_in[base:base + k] = arr
                     streamed += k
@@ -288,7 +293,7 @@ class CardModel:
                                 gaps.append(per)
                 gaps = np.array(gaps, np.int64)
                 gaps[0] = 0
-                avail = tile_in[claimed:claimed + k] + 2
+                avail = tile_in[claimed:claimed + k] + WFIFO_IN_TO_POP
                 avail[0] = max(avail[0], first)
                 steps = _chain(avail, gaps)
                 tile_out[claimed:claimed + k] = steps

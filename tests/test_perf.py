@@ -29,7 +29,7 @@ def test_constants_are_the_rtls():
     from hw.arith.dot import DotArray
     from hw.arith.special import Exp, Gelu, Recip, Rsqrt
     from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
-    from hw.core import dma, fetch, issue
+    from hw.core import dma, fetch, issue, wfifo
     assert (perf.ADD_LAT, perf.MUL_LAT, perf.MAX_LAT, perf.CVT_LAT) == (
         Fp32Add.LATENCY, Fp32Mul.LATENCY, Fp32Max.LATENCY, Fp32ToFp16.LATENCY)
     assert (perf.EXP_LAT, perf.RECIP_LAT, perf.RSQRT_LAT, perf.GELU_LAT) == (
@@ -39,6 +39,7 @@ def test_constants_are_the_rtls():
     assert perf.SCOREBOARD == issue.ENTRIES
     assert (perf.FETCH_CHUNK, perf.FETCH_DEPTH) == (fetch.CHUNK, fetch.DEPTH)
     assert (perf.DMA_RD_QUEUE, perf.STORE_QUEUE) == (dma.READ_QUEUE, dma.STORE_QUEUE)
+    assert (perf.WFIFO_QUEUE, perf.WFIFO_POP_TO_TILE) == (wfifo.QUEUE, wfifo.POP_TO_TILE)
 
 
 def test_model_matches_rtl_on_tiny():

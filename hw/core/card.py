@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -33,6 +33,7 @@ from .issue import Issue
 from .mpu import Mpu
 from .vpu import Vpu
 from .vsp import Vsp
+from .wfifo import WeightFifo
 
 __all__ = ["Card", "hbm_reader_params"]
 
@@ -107,10 +108,11 @@ class Card(wiring.Component):
         m.submodules.dma_wr = u.dma_wr = DmaWrite(
             channels=C, data_bits=self.DB, vector_lanes=P, vsp_rows=rows,
             max_outstanding=cfg.hbm.max_outstanding)
-        m.submodules.wfifo = u.wfifo = SyncFIFOBuffered(width=cfg.stripe_bytes * 8,
-                                                        depth=c.weight_fifo_tiles)
+        m.submodules.wfifo = u.wfifo = WeightFifo(channels=C, data_bits=self.DB,
+                                                  depth=c.weight_fifo_tiles)
         m.submodules.mpu = u.mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
-                                       vsp_rows=rows, xb_words=c.xb_words, reuse=c.reuse)
+                                       vsp_rows=rows, xb_words=c.xb_words, channels=C,
+                                       reuse=c.reuse)
         m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
                                        width=c.width, red_max=cfg.reduce_max)
         ring = ["coll"] if self.ring else []
@@ -172,8 +174,8 @@ class Card(wiring.Component):
     def _data_paths(m, u):
         """Weight tiles (read DMA -> weight FIFO -> MPU), the VSP's ports, XB (VPU -> MPU)."""
         vpu, mpu, vsp = u.vpu, u.mpu, u.vsp
-        wiring.connect(m, u.dma_rd.tiles, u.wfifo.w_stream)
-        wiring.connect(m, u.wfifo.r_stream, mpu.tiles)
+        wiring.connect(m, u.dma_rd.tiles, u.wfifo.w)
+        wiring.connect(m, u.wfifo.r, mpu.wf)
         m.d.comb += mpu.discard.eq(u.issue.stopping)
         for port, vsp_port in ((vpu.r_a, vsp.r_vpu_a), (vpu.r_b, vsp.r_vpu_b), (vpu.w, vsp.w_vpu),
                                (mpu.r_bias, vsp.r_mpu), (mpu.w_out, vsp.w_mpu),
@@ -195,7 +197,7 @@ class Card(wiring.Component):
         busy = (dma_rd.busy | dma_wr.busy | u.store_q.r_rdy | mpu.busy | vpu.busy
                 | (wfifo.level != 0) | u.fetch.busy | (u.coll.busy if u.coll else zero))
         progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
-                    | dma_wr.beat | (wfifo.r_en & wfifo.r_rdy)
+                    | dma_wr.beat | wfifo.pops
                     | (u.vsp.w_vpu.req.valid & u.vsp.w_vpu.req.ready)
                     | (u.vsp.w_mpu.req.valid & u.vsp.w_mpu.req.ready)
                     | (u.coll.progress if u.coll else zero))

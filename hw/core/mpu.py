@@ -25,11 +25,12 @@ the tile register with the dot products and the accumulators
 (hw/core/mpu_datapath.py), the output writer (hw/core/mpu_out.py).
 """
 
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith.dot import DotArray
+from hw.arith.pipe import delay
 from hw.arith.units import Fp32Add
 
 from .cmds import MatvecCmd
@@ -38,6 +39,7 @@ from .mpu_datapath import Accumulators, MacArray
 from .mpu_out import OutWriter
 from .mpu_seq import MpuSequencer
 from .vsp import ReadPort, WritePort
+from .wfifo import WeightRead
 
 __all__ = ["Mpu", "XbRead"]
 
@@ -61,6 +63,8 @@ class Mpu(wiring.Component):
     vector_lanes, vsp_rows : int
         The VSP's words per row, and rows.
     xb_words : int
+    channels : int
+        The weight FIFO's channels (HBM channels: a tile is a beat of each).
     reuse : int
         Token vectors that meet each tile per step (R): a MATVEC over T tokens takes
         ceil(T / R) steps per tile.
@@ -68,7 +72,7 @@ class Mpu(wiring.Component):
     Members
     -------
     cmd : ``In(stream.Signature(MatvecCmd))``  (checked instructions only)
-    tiles : ``In(stream.Signature(lanes * width * 16))``  the weight FIFO's output
+    wf : ``Out(WeightRead(channels, ...))``  the weight FIFO's read side (hw/core/wfifo.py)
     xb : ``Out(XbRead)``  ``reuse`` synchronous reads, one cycle
     r_bias : ``Out(ReadPort)`` ; w_out : ``Out(WritePort)``
     done : ``Out(1)``  pulse as a MATVEC's last output is written
@@ -76,13 +80,13 @@ class Mpu(wiring.Component):
     discard : ``In(1)``  while idle, drop tiles (stopping after an error or leftover tiles)
     """
 
-    def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words, reuse=1):
-        self.L, self.W, self.P, self.R = lanes, width, vector_lanes, reuse
+    def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words, channels, reuse=1):
+        self.L, self.W, self.P, self.R, self.C = lanes, width, vector_lanes, reuse, channels
         self.vsp_row_bits = (vsp_rows - 1).bit_length()
         self.xb_row_bits = max(1, (xb_words // width - 1).bit_length())
         super().__init__({
             "cmd": In(stream.Signature(MatvecCmd)),
-            "tiles": In(stream.Signature(lanes * width * 16)),
+            "wf": Out(WeightRead(channels, lanes * width * 16 // channels)),
             "xb": Out(XbRead(self.xb_row_bits, width, reuse)),
             "r_bias": Out(ReadPort(self.vsp_row_bits, vector_lanes)),
             "w_out": Out(WritePort(self.vsp_row_bits, vector_lanes)),
@@ -95,8 +99,9 @@ class Mpu(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         L, W, P, R, rows = self.L, self.W, self.P, self.R, self.vsp_row_bits
-        # Step issue -> partial sums: the tile and XB registers, the dot products.
-        X = 1 + DotArray.latency(W)
+        # Step issue -> partial sums: the weight FIFO's registered pop, the tile and XB
+        # registers, the dot products.
+        X = 2 + DotArray.latency(W)
         # Step k issued in cycle s reads its slot in cycle s + X - 1 (the accumulator's read
         # port, data in s + X) and writes it back in cycle s + X + ADD. A later step on the same
         # slot must read in a cycle after that write: it may issue at s + ADD + 2 at the
@@ -106,26 +111,31 @@ class Mpu(wiring.Component):
                                               xb_row_bits=self.xb_row_bits,
                                               window=Fp32Add.LATENCY + 1, reuse=R)
         m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows)
-        m.submodules.mac = mac = MacArray(lanes=L, width=W, reuse=R)
-        m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 1, reuse=R)
+        m.submodules.mac = mac = MacArray(lanes=L, width=W, channels=self.C, reuse=R)
+        m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 2, reuse=R)
         m.submodules.out = out = OutWriter(lanes=L, vector_lanes=P, row_bits=rows, reuse=R)
 
         # Steps: a MATVEC's (tile, token) pairs, as the tiles, the bias and the room allow.
         wiring.connect(m, wiring.flipped(self.cmd), seq.cmd)
-        m.d.comb += [seq.tile_valid.eq(self.tiles.valid), seq.bias_ready.eq(bias.ready),
+        m.d.comb += [seq.tile_valid.eq(self.wf.avail), seq.bias_ready.eq(bias.ready),
                      seq.credit.eq(out.credit), self.starve.eq(seq.starve),
                      bias.mv.eq(seq.mv), bias.active.eq(seq.active), bias.begin.eq(seq.begin),
                      bias.block.eq(seq.block), bias.free.eq(seq.group_done),
                      out.claim.eq(seq.claim)]
         wiring.connect(m, bias.r, wiring.flipped(self.r_bias))
 
-        # Stage 0 -> 1: the tile, the token's input block, the bias row.
-        wiring.connect(m, wiring.flipped(self.tiles), mac.tiles)
-        m.d.comb += [mac.take.eq(seq.pop), mac.drop.eq(~seq.active & self.discard),
-                     mac.tt.eq(seq.mv.tt), self.xb.addr.eq(seq.xrow)]
-        # Stage 1 -> X -> X + ADD: products, trees, accumulation; finished rows out.
-        m.d.comb += [mac.x.eq(self.xb.data),
-                     acc.s1.eq(seq.s1), acc.bias.eq(bias.data), acc.partial.eq(mac.o)]
+        # Stage 0 -> 1 -> 2: the tile popped, into the tile register under the weight FIFO's
+        # registered pops; the tokens' input blocks and the bias row read, then registered.
+        # While idle and told to (stopping), tiles are popped and dropped.
+        drop = ~seq.active & self.discard & self.wf.avail
+        m.d.comb += [self.wf.pop.eq(seq.pop | drop), mac.head.eq(self.wf.head),
+                     mac.take.eq(self.wf.take), mac.tt.eq(seq.mv.tt), self.xb.addr.eq(seq.xrow)]
+        x2 = Signal(len(self.xb.data), reset_less=True)
+        bias2 = Signal(len(bias.data), reset_less=True)
+        s2 = delay(m, seq.s1, 1, name="s2")[-1]
+        m.d.sync += [x2.eq(self.xb.data), bias2.eq(bias.data)]
+        # Stage 2 -> X -> X + ADD: products, trees, accumulation; finished rows out.
+        m.d.comb += [mac.x.eq(x2), acc.meta.eq(s2), acc.bias.eq(bias2), acc.partial.eq(mac.o)]
         wiring.connect(m, acc.o, out.i)
         wiring.connect(m, out.w, wiring.flipped(self.w_out))
         m.d.comb += [self.done.eq(out.done), self.busy.eq(seq.active | out.busy)]

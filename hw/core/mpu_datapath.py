@@ -2,11 +2,12 @@
 dot products (hw/arith/dot.py), and the accumulators. No enables: the step sequencer decides
 what enters, and every step's metadata rides beside its data.
 
-    stage 0   step issues: tile taken, XB row and bias row read
-    stage 1   tile register, XB data, bias data, step metadata (s1)
-    stage X   partial sums out of the dot products (X = 1 + DotArray.latency(width));
+    stage 0   step issues: a tile popped (a new one), XB rows and bias row read
+    stage 1   the weight FIFO's registered pops; XB data, bias data, step metadata (s1)
+    stage 2   tile register, XB data register, bias and metadata (s2)
+    stage X   partial sums out of the dot products (X = 2 + DotArray.latency(width));
               the slot's running sum read one cycle earlier
-    X + ADD   the accumulated row: back into its slot, or (last column block) out
+    X + ADD   the accumulated rows: back into their slot, or (last column block) out
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
@@ -37,52 +38,55 @@ def out_layout(lanes, row_bits, reuse=1):
 
 class MacArray(wiring.Component):
     """The tile register and ``lanes`` block floating-point dot products of ``width``
-    (:class:`hw.arith.dot.DotArray`: the input block aligned once for every lane, each tile
-    row once): lane l's partial sum of tile row l times the input block, as fp32.
+    (:class:`hw.arith.dot.DotArray`: each token's input block aligned once for every lane,
+    each tile row once for every token): token j's lane l partial sum of tile row l times
+    token j's input block, as fp32.
 
-    A tile is put right as it is taken: a transposed tile (MATVEC.tt) has element (r, c) at
-    c * lanes + r (a fixed permutation of the wires).
+    The tile register is loaded a channel's beat at a time, each part under its channel's
+    registered pop from the weight FIFO (hw/core/wfifo.py), with its own registered copy of
+    the transposition flag: a transposed tile (MATVEC.tt) has element (r, c) at c * lanes + r,
+    a fixed permutation of the wires put right as the tile is taken.
 
     Parameters
     ----------
     lanes, width : int
+    channels : int
+        The weight FIFO's channels (the tile's parts).
     reuse : int
         Tokens that meet the tile per step (R): R input blocks, R x lanes partial sums.
 
     Members
     -------
-    tiles : ``In(stream.Signature(lanes * width * 16))``
-        The weight FIFO's output; tile row l in bits ``[16 width l, 16 width (l + 1))``.
-    take : ``In(1)``
-        A step starts a tile: the FIFO's tile into the register (it is there: the sequencer
-        checked).
-    drop : ``In(1)``
-        Take and discard tiles (while the matrix unit is idle and the core stops).
+    head : ``In(16 * lanes * width)``; take : ``In(channels)``
+        The weight FIFO's head tile and its per-channel registered pops (``WeightRead``).
     tt : ``In(1)``
-        The tile is stored transposed.
+        The tile being popped (the cycle before ``take``) is stored transposed.
     x : ``In(16 * width * reuse)``
-        The step's input blocks, token 0's in the low bits (XB's read data: stage 1, beside
-        the tile register).
+        The step's input blocks, token 0's in the low bits, beside the tile register.
     o : ``Out(32 * lanes * reuse)``
         The partial sums, token j's lane l in word ``j * lanes + l``,
-        ``DotArray.latency(width)`` cycles after stage 1.
+        ``DotArray.latency(width)`` cycles after the tile register.
     """
 
-    def __init__(self, *, lanes, width, reuse=1):
-        self._lanes, self._width, self._reuse = lanes, width, reuse
-        bits = lanes * width * 16
-        super().__init__({"tiles": In(stream.Signature(bits)), "take": In(1), "drop": In(1),
-                          "tt": In(1), "x": In(16 * width * reuse),
-                          "o": Out(32 * lanes * reuse)})
+    def __init__(self, *, lanes, width, channels, reuse=1):
+        self._lanes, self._width, self._channels, self._reuse = lanes, width, channels, reuse
+        if (16 * lanes * width) % channels:
+            raise ValueError(f"a tile of {16 * lanes * width} bits is not {channels} channel beats")
+        super().__init__({"head": In(16 * lanes * width), "take": In(channels), "tt": In(1),
+                          "x": In(16 * width * reuse), "o": Out(32 * lanes * reuse)})
 
     def elaborate(self, platform):
         m = Module()
-        L, W, p = self._lanes, self._width, self.tiles.payload
+        L, W, C, p = self._lanes, self._width, self._channels, self.head
+        B = 16 * L * W // C
         tile = Signal(L * W * 16, reset_less=True)
         tposed = Cat(*[p[16 * (c * L + r):16 * (c * L + r + 1)] for r in range(L) for c in range(W)])
-        m.d.comb += self.tiles.ready.eq(self.take | self.drop)
-        with m.If(self.take):
-            m.d.sync += tile.eq(Mux(self.tt, tposed, p))
+        for k in range(C):
+            tt = Signal(name=f"tt{k}")          # the pop's flag, one copy a channel
+            m.d.sync += tt.eq(self.tt)
+            part = slice(B * k, B * (k + 1))
+            with m.If(self.take[k]):
+                m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
         m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse)
         m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
         return m
@@ -94,19 +98,19 @@ class Accumulators(wiring.Component):
 
     A step's partial sums are added to its slot (to the bias, or -0, on the first column
     block: one bias row for all its tokens); the sum goes back into the slot, or out after the
-    last column block. The step's metadata and bias, taken at stage 1, are delayed to stage X
-    beside the arithmetic.
+    last column block. The step's metadata and bias, taken at the tile register's stage, are
+    delayed to stage X beside the arithmetic.
 
     Parameters
     ----------
     lanes, row_bits, reuse : int
     align : int
-        Cycles from stage 1 to stage X (the dot products' latency).
+        Cycles from the tile register to stage X (the dot products' latency).
 
     Members
     -------
-    s1 : ``In(step_layout(row_bits, reuse))``; bias : ``In(32 * lanes)``
-        The step's metadata and bias row at stage 1.
+    meta : ``In(step_layout(row_bits, reuse))``; bias : ``In(32 * lanes)``
+        The step's metadata and bias row at the tile register's stage.
     partial : ``In(32 * lanes * reuse)``
         Its partial sums at stage X.
     o : ``Out(stream.Signature(out_layout(lanes, row_bits, reuse), always_ready=True))``
@@ -116,7 +120,7 @@ class Accumulators(wiring.Component):
     def __init__(self, *, lanes, row_bits, align, reuse=1):
         self._lanes, self._align, self._reuse = lanes, align, reuse
         super().__init__({
-            "s1": In(step_layout(row_bits, reuse)), "bias": In(32 * lanes),
+            "meta": In(step_layout(row_bits, reuse)), "bias": In(32 * lanes),
             "partial": In(32 * lanes * reuse),
             "o": Out(stream.Signature(out_layout(lanes, row_bits, reuse), always_ready=True)),
         })
@@ -127,10 +131,10 @@ class Accumulators(wiring.Component):
         m.submodules.acc = acc = Memory(shape=32 * L * R, depth=ACC_DEPTH, init=[])
         aw = acc.write_port()
         ar = acc.read_port(transparent_for=())
-        mX = delay(m, self.s1, n, name="meta_x")[-1]
+        mX = delay(m, self.meta, n, name="meta_x")[-1]
         biasX = delay(m, self.bias, n, name="bias_x", reset_less=True)[-1]
         # The slot is read one cycle ahead of stage X.
-        mXm1 = delay(m, self.s1, n - 1, name="meta_xm")[-1] if n >= 2 else self.s1
+        mXm1 = delay(m, self.meta, n - 1, name="meta_xm")[-1] if n >= 2 else self.meta
         m.d.comb += [ar.addr.eq(mXm1.slot), ar.en.eq(1)]
         sums = []
         for k in range(L * R):

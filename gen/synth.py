@@ -5,6 +5,7 @@ statistics are captured with ``tee -o FILE stat`` (Yosys's stdout can be cut sho
 """
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -12,7 +13,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["synth_verilog", "parse_stat", "U280", "synth_arith", "synth_card", "card_table"]
+from amaranth.hdl import Const, Module, Shape, Value, ValueCastable
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["synth_verilog", "synth_rtlil", "parse_stat", "U280", "synth_arith", "synth_card", "card_table",
+           "card_parts", "measure_parts", "card_result", "card_units", "ram_blocks"]
 
 # Alveo U280 (XCU280), whole device (the shell takes a share of it).
 U280 = {"LUT": 1_303_680, "FF": 2_607_360, "DSP": 9_024, "BRAM36": 2_016, "URAM": 960}
@@ -146,10 +152,16 @@ def arith_table(results):
     return "\n".join(lines) + "\n"
 
 
-# -- the card, units multiplied out -------------------------------------------------------------
+# -- the card, module by module -----------------------------------------------------------------
 # On-chip RAM primitives of UltraScale+: BRAM36 as 512 x 72, URAM288 as 4096 x 72. A memory
 # goes to URAM when it is at least 64 KiB (Vivado's usual choice for deep, wide buffers).
 _URAM_MIN_BYTES = 64 << 10
+
+GROUPS = ("LUT", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "URAM")
+# A memory this large or larger that Yosys cannot map to block RAM (it would become flip-flops)
+# is counted from its shape instead (ram_blocks); smaller ones are counted as Yosys maps them.
+BIG_MEMORY_BITS = 16 * 1024
+_SCRIPT_VERSION = 1     # part of every cache key: bump when the Yosys script or the counting changes
 
 
 def ram_blocks(width, depth):
@@ -160,138 +172,548 @@ def ram_blocks(width, depth):
     return cols * -(-depth // 512), 0
 
 
-def card_memories(cfg):
-    """name -> (width bits, depth, count) of the card's RAMs (hw/core): the ones large enough
-    to be block RAM; the small FIFOs (depth <= 32) are LUTRAM or flip-flops and are in the
-    control figure."""
-    c = cfg.core
-    L, W, P = c.lanes, c.width, c.vector_lanes
-    seg_rows = c.vsp_words // P // c.vsp_segments
-    red_rows = -(-cfg.reduce_max // P)
-    return {
-        "VSP (vector scratchpad)": (32 * P, seg_rows, c.vsp_segments),
-        "XB (matrix-unit input)": (16 * W, c.xb_words // W, 1),
-        "weight FIFO": (cfg.stripe_bytes * 8, c.weight_fifo_tiles, 1),
-        "MPU accumulators": (32 * L, 64, 1),
-        "MPU bias banks": (32 * L, 128, 1),
-        "MPU output FIFO": (32 * L + 17, 64, 1),
-        "VPU reduction scratch": (32 * P, max(1, -(-red_rows // 2)), 2),   # two read ports
-    }
-
-
 def card_units(cfg):
-    """arith unit -> instances in one card (hw/core/mpu.py, vpu.py, dma.py)."""
+    """arith unit -> instances in one card (hw/core/mpu.py, vpu.py, dma.py): the matrix unit's
+    R dot products per lane sharing the lane's weight alignment, R activation alignments shared
+    by every lane, L x R accumulator adders; the vector unit's lanes; the store engine's
+    converter. (The card's synthesis, :func:`synth_card`, walks the real modules; this is the
+    arithmetic it holds, for the per-MAC tables.)"""
     c = cfg.core
-    L, W, P = c.lanes, c.width, c.vector_lanes
+    L, W, P, R = c.lanes, c.width, c.vector_lanes, c.reuse
     return {
-        f"dot_lane_{W}": L,                     # the matrix unit's lanes: products, tree, rounding
-        f"block_align_{W}_w": L,                # each lane's tile row aligned
-        f"block_align_{W}_x": 1,                # the input block, aligned once for every lane
-        "fp32_add": L + P,                      # accumulators; vector unit
+        f"dot_lane_{W}": L * R,                 # products, tree and rounding per lane and token
+        f"block_align_{W}_w": L,                # each lane's tile row aligned once for R tokens
+        f"block_align_{W}_x": R,                # each token's input block, once for every lane
+        "fp32_add": L * R + P,                  # accumulators; vector unit
         "fp32_mul": P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P, "gelu": P,
         "fp32_to_fp16": 2 * P + 1,              # vector unit's CVT16 lanes and x16 copies; the store engine
     }
 
 
-def _unit_factory(name):
-    from hw.arith import AdderTree
-    from hw.arith.dot import A_BITS, B_BITS, BlockAlign, DotLane
-    kind, _, rest = name.rpartition("_")
-    if name.startswith("adder_tree_"):
-        w = int(rest)
-        return (lambda: AdderTree(w)), AdderTree.latency(w)
-    if name.startswith("dot_lane_"):
-        w = int(rest)
-        return (lambda: DotLane(w)), DotLane.latency(w)
-    if name.startswith("block_align_"):
-        w, side = int(kind.rsplit("_", 1)[1]), rest
-        bits = A_BITS if side == "x" else B_BITS
-        return (lambda: BlockAlign(w, bits)), BlockAlign.latency(w)
-    return arith_units()[name]
+def _unit_classes():
+    """The arithmetic units `synth --arith` measures: synthesized whole wherever they sit
+    (their constant operands fold inside them), never split into their parts."""
+    from hw.arith import SPECIALS, UNITS, AdderTree
+    from hw.arith.dot import BlockAlign, DotLane, Fp16Dot
+    from hw.arith.units import Fp32Max
+    return ({cls for cls, _, _ in UNITS.values()} | set(SPECIALS.values())
+            | {AdderTree, Fp32Max, BlockAlign, DotLane, Fp16Dot})
 
 
-def synth_card(cfg, outdir, log=print, progress=None):
-    """Resource estimate of one card of ``cfg``: every arithmetic unit and the HBM reader
-    synthesized alone (Yosys, cached by their Verilog), multiplied by their instance counts,
-    plus the RAMs counted from their shapes. Whole-card synthesis is beyond this machine for
-    the large configs; what the sum leaves out (the controller, the DMA's joins and
-    converters, the VSP arbiters, the collective engine) is said in the result."""
+def _ports(e):
+    """{name: (value, direction)} of a module's ports, for a black box in its parent and for its
+    own synthesis: a component's signature, or the known members of Amaranth's memories, FIFOs
+    and CRC processors (not components). TypeError for anything else."""
+    from amaranth.lib import crc
+    from amaranth.lib.fifo import FIFOInterface
+    from amaranth.lib.memory import Memory
+
+    from .verilog import PortDirection, flat_ports
+    I, O = PortDirection.Input, PortDirection.Output
+    if isinstance(e, Memory):       # a Component whose signature is empty: its ports are objects
+        ports = {}
+        for i, p in enumerate(e.read_ports):
+            ports.update({f"r{i}_addr": (p.addr, I), f"r{i}_en": (p.en, I), f"r{i}_data": (p.data, O)})
+        for i, p in enumerate(e.write_ports):
+            ports.update({f"w{i}_addr": (p.addr, I), f"w{i}_en": (p.en, I), f"w{i}_data": (p.data, I)})
+    elif isinstance(e, wiring.Component):
+        ports = flat_ports(e)
+    elif isinstance(e, FIFOInterface):
+        ports = {n: (getattr(e, n), I) for n in ("w_data", "w_en", "r_en")}
+        ports.update({n: (getattr(e, n), O) for n in ("w_rdy", "w_level", "r_data", "r_rdy",
+                                                     "r_level", "level") if hasattr(e, n)})
+    elif isinstance(e, crc.Processor):
+        ports = {n: (getattr(e, n), I) for n in ("start", "data", "valid")}
+        ports.update({n: (getattr(e, n), O) for n in ("crc", "match_detected")})
+    else:
+        raise TypeError(f"no known ports for {type(e).__name__}")
+    out = {}
+    for name, (v, d) in ports.items():
+        v = Value.cast(v)
+        if not isinstance(v, Const):     # e.g. an asynchronous read port's enable
+            out[name] = (v, d)
+    return out
+
+
+class _Wrap(wiring.Component):
+    """A component around a module that is not one (a memory, a FIFO): its ports as members."""
+
+    def __init__(self, inner, ports):
+        from .verilog import PortDirection
+        self._inner, self._map = inner, ports
+        super().__init__({n: (In if d == PortDirection.Input else Out)(len(v))
+                          for n, (v, d) in ports.items()})
+
+    def elaborate(self, platform):
+        from .verilog import PortDirection
+        m = Module()
+        m.submodules.inner = self._inner
+        for n, (v, d) in self._map.items():
+            m.d.comb += v.eq(getattr(self, n)) if d == PortDirection.Input else getattr(self, n).eq(v)
+        return m
+
+
+class Part:
+    """One module of the card as synthesized: its own logic with its submodules as black boxes
+    (``kind`` "own"), or whole with everything under it, flat (``"whole"``: an arithmetic unit,
+    or a module whose subtree is small, see :func:`_split`), or a big memory alone
+    (``"memory"``). ``path`` is where it sits ("card.mpu.mac.dot.lane3"), ``cls`` its class
+    name."""
+
+    def __init__(self, path, kind, cls, comp, stubs=None, memory=None, fingerprint=None):
+        self.path, self.kind, self.cls, self.comp = path, kind, cls, comp
+        self.stubs = stubs or {}            # black box name -> [(port, width, is_input)]
+        self.memory, self.fingerprint = memory, fingerprint
+
+    @property
+    def shape(self):
+        """(width, depth) of a memory part."""
+        return Shape.cast(self.memory.shape).width, self.memory.depth
+
+
+def _fingerprint(e):
+    """What an arithmetic unit is built from, when every attribute is a plain parameter or a
+    port (identical units are then converted to RTLIL once per run); None otherwise."""
+    items = []
+    for k, v in sorted(vars(e).items()):
+        if k.startswith("_MustUse") or k == "elaborate" or isinstance(v, wiring.Signature):
+            continue
+        if isinstance(v, (Value, ValueCastable)) or hasattr(v, "signature"):
+            continue                     # a port: its shape is in the signature's repr
+        if isinstance(v, (bool, int, float, str, type(None))):
+            items.append((k, v))
+        elif isinstance(v, tuple) and all(isinstance(x, (bool, int, float, str)) for x in v):
+            items.append((k, v))
+        else:
+            return None
+    return (type(e).__module__, type(e).__qualname__, tuple(items), repr(e.signature))
+
+
+class _Node:
+    """A module of the card as elaborated (once) by :func:`card_parts`."""
+
+    def __init__(self, e, path, kind, m=None):
+        self.e, self.path, self.kind, self.m = e, path, kind, m
+        self.kids = []           # (name, where in m: a name or an index, _Node)
+        self.big = self.unit = False
+
+
+def _build(e, path, units):
+    from amaranth.hdl import Fragment
+    from amaranth.lib.memory import Memory
+    e._MustUse__used = True
+    if isinstance(e, Memory):
+        n = _Node(e, path, "memory")
+        n.big = Shape.cast(e.shape).width * e.depth >= BIG_MEMORY_BITS
+        return n
+    if type(e) in units:        # elaborated when converted, with everything in it
+        n = _Node(e, path, "unit")
+        n.unit = True
+        return n
+    m = e
+    while not isinstance(m, (Module, Fragment)):     # as Fragment.get elaborates
+        m = m.elaborate(None)
+        m._MustUse__used = True
+    e.elaborate = lambda platform, m=m: m            # converted later: the module built here
+    n = _Node(e, path, "module", m)
+    if isinstance(m, Module):
+        kids = [(name, s, name) for name, (s, _) in m._named_submodules.items()]
+        kids += [(f"anon{i}", s, i) for i, (s, _) in enumerate(m._anon_submodules)]
+        for name, s, where in kids:
+            k = _build(s, f"{path}.{name}", units)
+            n.kids.append((name, where, k))
+            n.big |= k.big
+            n.unit |= k.unit
+    return n
+
+
+def _split(n):
+    """Whether a module is synthesized as its own logic with black boxes for its submodules
+    rather than whole: when it holds a big memory (its RAM checked alone), an arithmetic unit
+    (synthesized alone, as `synth --arith` does) or four or more submodules of one class
+    (synthesized once); small control subtrees are synthesized whole (flat, across their
+    boundaries)."""
+    if not n.kids:
+        return False
+    classes = [type(k.e) for _, _, k in n.kids]
+    return n.big or n.unit or max(classes.count(c) for c in classes) >= 4
+
+
+def _emit(n, out, top=False):
+    from amaranth.hdl import Instance
+
+    from .verilog import PortDirection
+    cls = type(n.e).__name__
+    if n.kind == "memory":
+        comp = _Wrap(n.e, _ports(n.e))
+        comp._MustUse__used = True
+        out.append(Part(n.path, "memory", "Memory", comp, memory=n.e))
+        return
+    if n.kind == "unit":
+        out.append(Part(n.path, "whole", cls, n.e, fingerprint=_fingerprint(n.e)))
+        return
+    split = top or _split(n)
+    if split:
+        try:
+            kid_ports = [_ports(k.e) for _, _, k in n.kids]
+        except TypeError:               # a submodule without known ports: synthesized with it
+            split = False
+    stubs = {}
+    if split:
+        m = n.m
+        for (name, where, _), ports in zip(n.kids, kid_ports, strict=True):
+            bb = f"bb_{name}"
+            conns = {("i_" if d == PortDirection.Input else "o_") + p: v for p, (v, d) in ports.items()}
+            stubs[bb] = [(p, len(v), d == PortDirection.Input) for p, (v, d) in ports.items()]
+            if isinstance(where, str):
+                m._named_submodules[where] = (Instance(bb, **conns), m._named_submodules[where][1])
+            else:
+                m._anon_submodules[where] = (Instance(bb, **conns), m._anon_submodules[where][1])
+    comp = n.e if isinstance(n.e, wiring.Component) else _Wrap(n.e, _ports(n.e))
+    comp._MustUse__used = True
+    out.append(Part(n.path, "own" if split else "whole", cls, comp, stubs))
+    if split:
+        for _, _, k in n.kids:
+            _emit(k, out)
+
+
+def card_parts(cfg, card=None):
+    """Every module of one card of ``cfg`` (hw/core/card.py, each elaborated once) in
+    :class:`Part` s: the card's own logic (counters, status, wiring: the part at path "card")
+    with its submodules as black boxes, and each submodule likewise (:func:`_split`) or whole,
+    down to the arithmetic units (whole) and the big memories (alone). Every module of the card
+    is in exactly one part."""
+    from hw.core.card import Card
+    parts = []
+    _emit(_build(card if card is not None else Card(cfg), "card", _unit_classes()), parts, top=True)
+    return parts
+
+
+def _stub_rtlil(stubs):
+    lines = []
+    for name, ports in stubs.items():
+        lines += ["attribute \\blackbox 1", f"module \\{name}"]
+        for i, (port, width, is_input) in enumerate(ports):
+            lines.append(f"  wire width {width} {'input' if is_input else 'output'} {i + 1} \\{port}")
+        lines.append("end")
+    return "\n".join(lines) + "\n"
+
+
+def _top_name(part):
+    return "m_" + re.sub(r"\W", "_", part.cls).strip("_")
+
+
+def part_netlist(part):
+    """RTLIL of one part (its black boxes declared), module named after its class."""
+    from amaranth.back import rtlil
+
+    from .verilog import flat_ports
+    text = rtlil.convert(part.comp, name=_top_name(part), ports=flat_ports(part.comp), emit_src=False)
+    return text + _stub_rtlil(part.stubs)
+
+
+def _memory_key(part):
+    """A memory's cache key from what its netlist is made of (shape, contents, ports), without
+    converting it: a deep one's initial contents make megabytes of RTLIL."""
+    import hashlib
+
+    import amaranth
+    mem = part.memory
+    desc = {"amaranth": amaranth.__version__, "shape": repr(mem.shape), "depth": mem.depth,
+            "init": hashlib.sha256(repr(list(mem.init)).encode()).hexdigest(),
+            "read": [(repr(p.signature), p.domain,
+                      sorted(mem.write_ports.index(w) for w in p.transparent_for)) for p in mem.read_ports],
+            "write": [(repr(p.signature), p.domain) for p in mem.write_ports],
+            "ports": [(n, len(v), d.name) for n, (v, d) in _ports(mem).items()]}
+    return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
+
+
+def _low_priority():
+    """Yosys runs niced (minutes to hours of CPU on a shared machine)."""
+    if hasattr(os, "nice"):
+        os.nice(10)
+
+
+class NoRamError(RuntimeError):
+    """Yosys could not map a memory to RAM primitives (it would be flip-flops)."""
+
+
+# synth_xilinx's LUT mapping (its map_luts step) with ABC instead of ABC9: Yosys 0.70's ABC9
+# fails an assertion (ABC_OPS_REINTEGRATE, count_id) on a few modules that are mostly wires
+# between black boxes; those are mapped this way instead.
+_MAP_LUTS_ABC = ("opt_expr -mux_undef -noclkinv; abc -luts 2:2,3,6:5,10,20; clean; "
+                 "xilinx_srl -fixed -minlen 3; techmap -map +/xilinx/lut_map.v -map "
+                 "+/xilinx/cells_map.v -D LUT_WIDTH=6; xilinx_dffopt; opt_lut_ins -tech xilinx")
+
+
+def synth_rtlil(text, top, *, workdir, memory_check=False, timeout=6 * 3600):
+    """Synthesize RTLIL ``text`` (module ``top``) for UltraScale+ with URAM inference
+    (``synth_xilinx -family xcup -uram``); cell counts as :func:`parse_stat`, with "mapper"
+    ("abc9", or "abc" where ABC9 failed: see _MAP_LUTS_ABC). With ``memory_check``, raise
+    :class:`NoRamError` instead of mapping a memory to flip-flops."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    opts = f"-family xcup -top {top} -flatten -noiopad -noclkbuf -uram"
+    # with memory_check, stop before map_ffram (what is left of the memories becomes flops)
+    check = f"synth_xilinx {opts} -run :map_ffram; select -assert-none t:$mem_v2; " if memory_check else ""
+    first = "map_ffram" if memory_check else "begin"
+    scripts = {"abc9": f"{check}synth_xilinx {opts} -run {first}:",
+               "abc": f"{check}synth_xilinx {opts} -run {first}:map_luts; {_MAP_LUTS_ABC}; "
+                      f"synth_xilinx {opts} -run finalize:"}
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        (Path(tmp) / f"{top}.il").write_text(text)
+        for mapper, synth in scripts.items():
+            script = f"read_rtlil {top}.il; {synth}; tee -q -o stat.txt stat"
+            proc = subprocess.run([_yosys(), "-q", "-l", "yosys.log", "-p", script], capture_output=True,
+                                  text=True, timeout=timeout, cwd=tmp, preexec_fn=_low_priority)
+            stat, log = Path(tmp) / "stat.txt", Path(tmp) / "yosys.log"
+            if proc.returncode == 0 and stat.exists():
+                counts = parse_stat(stat.read_text())
+                counts.pop("cells")
+                return {**counts, "mapper": mapper}
+            said = (log.read_text(errors="replace") if log.exists() else "") + proc.stderr
+            if memory_check and "Assertion failed: selection is not empty" in said:
+                raise NoRamError(top)
+            if "ABC_OPS_REINTEGRATE" not in said[-3000:] and "count_id" not in said[-3000:]:
+                break
+    raise RuntimeError(f"yosys failed on {top}: {said.strip()[-2000:]}")
+
+
+def _count(c):
+    """Counts by GROUPS, BRAM18s as half a BRAM36."""
+    out = {g: c.get(g, 0) for g in GROUPS}
+    out["BRAM36"] = c.get("BRAM36", 0) + c.get("BRAM18", 0) / 2
+    if out["BRAM36"] == int(out["BRAM36"]):
+        out["BRAM36"] = int(out["BRAM36"])
+    return out
+
+
+def measure_parts(parts, cache, log=print, progress=None, synth=synth_rtlil):
+    """Each part's cell counts: converted to RTLIL, keyed by a hash of it (a memory: of its
+    shape, contents and ports), synthesized once per distinct netlist and cached in ``cache``.
+    Returns one {"key", "counts", "from_shape"} per part; ``from_shape`` is set for a big memory
+    Yosys could not map to RAM, then counted with :func:`ram_blocks`."""
     import hashlib
 
     from host.files import atomic_write
     from host.progress import quiet
-
-    from .tops import TOPS
-    from .verilog import to_verilog
     progress = progress or quiet()
-    outdir = Path(outdir)
-    cache = outdir.parent / "units"
+    cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
-
-    def measure(name, component):
-        progress.note("converting to Verilog")
-        v = to_verilog(component, name)
-        key = hashlib.sha256(v.encode()).hexdigest()[:16]
-        hit = cache / f"{name}-{key}.json"
+    keys, texts, memo = [], {}, {}
+    for i, part in enumerate(parts):
+        if i % 25 == 0:
+            progress.note(f"RTLIL of {part.path} ({i}/{len(parts)})")
+        if part.kind == "memory":
+            key = f"{_SCRIPT_VERSION}-mem-{_memory_key(part)}"
+        elif part.fingerprint is not None and part.fingerprint in memo:
+            key = memo[part.fingerprint]
+        else:
+            text = part_netlist(part)
+            key = f"{_SCRIPT_VERSION}-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+            texts.setdefault(key, text)
+            if part.fingerprint is not None:
+                memo[part.fingerprint] = key
+        keys.append(key)
+    figures, todo = {}, {}
+    for part, key in zip(parts, keys, strict=True):
+        hit = cache / f"{_top_name(part)}-{key}.json"
         if hit.exists():
-            return json.loads(hit.read_text())
-        path = cache / f"{name}.v"
-        atomic_write(path, v)
-        log(f"  synthesizing {name} ...")
-        progress.note("yosys synth_xilinx")
-        counts = synth_verilog(path, name, workdir=cache / "work")
-        counts.pop("cells")
-        atomic_write(hit, json.dumps(counts))
-        return counts
+            figures[key] = json.loads(hit.read_text())
+        else:
+            todo.setdefault(key, part)
+    if todo and getattr(progress, "total", None) is not None:
+        progress.total = getattr(progress, "done", 0) + len(todo) + 1
+    for key, part in todo.items():
+        top = _top_name(part)
+        progress.step(part.path, "yosys synth_xilinx")
+        big = part.kind == "memory" and part.shape[0] * part.shape[1] >= BIG_MEMORY_BITS
+        shape = " {} x {}".format(*part.shape) if part.memory is not None else ""
+        log(f"  synthesizing {part.path} ({part.cls}{shape}) ...")
+        text = texts.get(key) or part_netlist(part)
+        fig = {"from_shape": False}
+        try:
+            counts = synth(text, top, workdir=cache / "work", memory_check=big)
+            fig["counts"] = _count(counts)
+            if counts.get("mapper", "abc9") != "abc9":
+                fig["mapper"] = counts["mapper"]
+        except NoRamError:
+            bram, uram = ram_blocks(*part.shape)
+            fig.update(from_shape=True, counts={**{g: 0 for g in GROUPS}, "BRAM36": bram, "URAM": uram})
+            log(f"    Yosys maps it to flip-flops: counted from its shape ({bram} BRAM36, {uram} URAM)")
+        atomic_write(cache / f"{top}-{key}.json", json.dumps(fig))
+        figures[key] = fig
+    return [{"key": k, **figures[k]} for k in keys]
 
-    groups = ("LUT", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "BRAM18", "URAM")
-    rows = {}
-    for name, count in card_units(cfg).items():
-        factory, _lat = _unit_factory(name)
-        progress.step(name)
-        rows[name] = {"count": count, "each": measure(name, factory())}
-    progress.step("hbm_reader")
-    rows["hbm_reader"] = {"count": cfg.hbm.channels,
-                          "each": measure(f"hbm_reader_{cfg.name}", TOPS["hbm_reader"](cfg))}
-    total = {g: 0 for g in groups}
-    for r in rows.values():
-        r["total"] = {g: r["each"].get(g, 0) * r["count"] for g in groups}
-        for g in groups:
-            total[g] += r["total"][g]
-    mems = {}
-    for name, (width, depth, count) in card_memories(cfg).items():
-        bram, uram = ram_blocks(width, depth)
-        mems[name] = {"width": width, "depth": depth, "count": count,
-                      "BRAM36": bram * count, "URAM": uram * count}
-        total["BRAM36"] += bram * count
-        total["URAM"] += uram * count
-    total["BRAM36"] += (total.pop("BRAM18") + 1) // 2
-    share = {g: round(total[g] / U280[g], 4) for g in U280}
-    result = {
-        "config": cfg.name, "method": "units multiplied out (Yosys synth_xilinx -family xcup per "
-        "unit) + RAMs from their shapes", "units": rows, "memories": mems, "total": total,
-        "u280": U280, "u280_share": share,
-        "not_included": "controller (fetch, issue and scoreboard, control registers), the DMA's "
-        "stripe join and LOAD/STORE converters, VSP arbiters, the matrix unit's sequencer and "
-        "the collective engine; Yosys gives no timing (fmax) and no placement",
+
+def _add(a, b, n=1):
+    for g in GROUPS:
+        a[g] = a.get(g, 0) + b.get(g, 0) * n
+    return a
+
+
+def _tree_rows(parts, figures):
+    """The per-module rows: every module's subtree total, with modules of one class and one name
+    pattern under one parent merged (``rmux*``: 32 AxiReadMux), each with its children."""
+    nodes = {}
+    for part, fig in zip(parts, figures, strict=True):
+        nodes[part.path] = {"class": part.cls, "kind": part.kind, "own": fig["counts"],
+                            "shape": list(part.shape) if part.memory is not None else None,
+                            "from_shape": fig["from_shape"], "kids": []}
+        parent = part.path.rpartition(".")[0]
+        if parent:
+            nodes[parent]["kids"].append(part.path)
+
+    def total(path):
+        n = nodes[path]
+        t = _add({}, n["own"])
+        for k in n["kids"]:
+            _add(t, total(k))
+        n["total"] = t
+        return t
+    total("card")
+
+    def rows(paths):
+        groups = {}
+        for p in paths:
+            n = nodes[p]
+            label = p.rpartition(".")[2]
+            groups.setdefault((re.sub(r"\d+", "*", label), n["class"]), []).append(p)
+        out = []
+        for (pattern, cls), members in groups.items():
+            name = members[0].rpartition(".")[2] if len(members) == 1 else pattern
+            row = {"name": name, "class": cls, "count": len(members),
+                   "total": _add({}, {}), "own": _add({}, {})}
+            for p in members:
+                _add(row["total"], nodes[p]["total"])
+                _add(row["own"], nodes[p]["own"])
+            n = nodes[members[0]]
+            if n["kind"] != "own":
+                row["kind"] = n["kind"]
+            if n["shape"]:
+                row["shape"] = n["shape"]
+            if any(nodes[p]["from_shape"] for p in members):
+                row["from_shape"] = True
+            kids = [k for p in members for k in nodes[p]["kids"]]
+            if kids:
+                row["children"] = rows(kids)
+            out.append(row)
+        return out
+    return nodes["card"], rows(nodes["card"]["kids"])
+
+
+def card_result(cfg, parts, figures):
+    """The card's figures from its parts' (see :func:`measure_parts`): total, the fractions of
+    the U280 (the platform excluded), per-module rows, the distinct netlists."""
+    card, modules = _tree_rows(parts, figures)
+    total = card["total"]
+    distinct = {}
+    for part, fig in zip(parts, figures, strict=True):
+        d = distinct.setdefault(fig["key"], {"module": part.cls, "kind": part.kind, "example": part.path,
+                                             "count": 0, "each": fig["counts"]})
+        if part.memory is not None:
+            d["shape"] = list(part.shape)
+        if fig["from_shape"]:
+            d["from_shape"] = True
+        if fig.get("mapper"):
+            d["mapper"] = fig["mapper"]
+        d["count"] += 1
+    from_shape = [{"path": p.path, "width": p.shape[0], "depth": p.shape[1], **f["counts"]}
+                  for p, f in zip(parts, figures, strict=True) if f["from_shape"]]
+    shape_note = ("memories counted from their shape (Yosys maps them to flip-flops): "
+                  + ", ".join(f"{m['path']} ({m['width']} b x {m['depth']})" for m in from_shape)
+                  if from_shape else "every memory as Yosys maps it")
+    abc = sorted({d["example"] for d in distinct.values() if d.get("mapper") == "abc"})
+    return {
+        "config": cfg.name,
+        "method": "every module of the card synthesized alone (Yosys synth_xilinx -family xcup "
+                  "-uram), its submodules as black boxes, down to the arithmetic units and the "
+                  "memories; summed over every instance",
+        "lut_fraction": round(total["LUT"] / U280["LUT"], 4),
+        "dsp_fraction": round(total["DSP"] / U280["DSP"], 4),
+        "total": total,
+        "u280": U280,
+        "u280_share": {g: round(total[g] / U280[g], 4) for g in U280},
+        "card_logic": card["own"],
+        "modules": modules,
+        "parts": list(distinct.values()),
+        "instances": len(parts),
+        "from_shape": from_shape,
+        "mapped_with_abc": abc,
+        "not_included": f"nothing of the card's RTL; {shape_note}"
+                        + (f"; LUTs of {', '.join(abc)} mapped with ABC (ABC9 fails on them)" if abc else "")
+                        + ". No optimization across module "
+                        "boundaries (a per-module sum is at or above a flat synthesis); the "
+                        "platform/shell is not counted; Yosys gives no timing (fmax) and no placement",
     }
+
+
+def synth_card(cfg, outdir, log=print, progress=None, synth=synth_rtlil):
+    """Resource estimate of one card of ``cfg``: every module of the card synthesized alone
+    (:func:`card_parts`, :func:`measure_parts`: Yosys per distinct netlist, cached by its hash
+    in ``build/synth/units/``, flat synthesis of the whole card being beyond this machine for the
+    large configs) and summed (:func:`card_result`). The result is cached as well, keyed by the
+    sources of hw/ and gen/ and the config. Writes ``outdir/card-<config>.json``."""
+    import hashlib
+    import time
+
+    from host.files import atomic_write
+    from host.progress import quiet
+
+    from .verilog import _sources_digest
+    progress = progress or quiet()
+    t0 = time.monotonic()
+    outdir = Path(outdir)
+    cache = outdir / "units"
+    key = hashlib.sha256(f"{_SCRIPT_VERSION}|{_sources_digest()}|{cfg.to_json()}".encode()).hexdigest()[:16]
+    whole = cache / f"card-{cfg.name}-{key}.json"
+    if whole.exists() and synth is synth_rtlil:
+        result = json.loads(whole.read_text())
+        log("  (every part cached: hw/, gen/ and the config unchanged)")
+    else:
+        progress.step("elaborating the card")
+        parts = card_parts(cfg)
+        progress.step("RTLIL of every module")
+        figures = measure_parts(parts, cache, log=log, progress=progress, synth=synth)
+        result = card_result(cfg, parts, figures)
+        result["seconds"] = round(time.monotonic() - t0, 1)
+        if synth is synth_rtlil:
+            cache.mkdir(parents=True, exist_ok=True)
+            atomic_write(whole, json.dumps(result, indent=1) + "\n")
     outdir.mkdir(parents=True, exist_ok=True)
     atomic_write(outdir / f"card-{cfg.name}.json", json.dumps(result, indent=1) + "\n")
     return result
 
 
-def card_table(result):
+def _fmt(v):
+    return f"{v:,}" if isinstance(v, int) else f"{v:,.1f}"
+
+
+def card_table(result, depth=2):
+    """Markdown table of :func:`synth_card`'s result: every module of the card, the big ones'
+    submodules one level down, the total and its fractions of the U280."""
     t, s = result["total"], result["u280_share"]
-    lines = [f"| {result['config']} card | LUT | FF | DSP | BRAM36 | URAM |", "|---|---|---|---|---|---|"]
-    for name, r in result["units"].items():
-        e = r["total"]
-        lines.append(f"| {r['count']} x `{name}` | {e['LUT']} | {e['FF']} | {e['DSP']} | "
-                     f"{e['BRAM36'] + (e['BRAM18'] + 1) // 2} | {e['URAM']} |")
-    for name, m in result["memories"].items():
-        lines.append(f"| {name} ({m['count']} x {m['width']} b x {m['depth']}) | | | | {m['BRAM36']} | "
-                     f"{m['URAM']} |")
-    lines.append(f"| **total** | **{t['LUT']}** | **{t['FF']}** | **{t['DSP']}** | **{t['BRAM36']}** | "
-                 f"**{t['URAM']}** |")
-    lines.append(f"| share of the U280 | {s['LUT']:.1%} | {s['FF']:.1%} | {s['DSP']:.1%} | "
-                 f"{s['BRAM36']:.1%} | {s['URAM']:.1%} |")
+    cols = ("LUT", "FF", "DSP", "BRAM36", "URAM")
+    lines = [f"| {result['config']} card: module | class | count | " + " | ".join(cols) + " |",
+             "|---|---|---|" + "---|" * len(cols)]
+
+    def row(label, cls, count, c):
+        lines.append(f"| {label} | {cls} | {count} | " + " | ".join(_fmt(c[g]) for g in cols) + " |")
+
+    def walk(rows, prefix, level):
+        for r in rows:
+            label = f"{prefix}{r['name']}"
+            cls = r["class"] + (f" {r['shape'][0]} b x {r['shape'][1]}" if r.get("shape") else "")
+            cls += " (from its shape)" if r.get("from_shape") else ""
+            row(f"{'&nbsp;' * 4 * (level - 1)}`{label}`", cls, r["count"], r["total"])
+            big = r["total"]["LUT"] >= 0.02 * max(1, t["LUT"]) or r["total"]["DSP"] >= 0.02 * max(1, t["DSP"])
+            if level < depth and big and "children" in r and r["count"] == 1:
+                walk(r["children"], f"{label}.", level + 1)
+    row("the card's own logic (counters, status, wiring)", "Card", 1, result["card_logic"])
+    walk(result["modules"], "", 1)
+    lines.append("| **total** | | | " + " | ".join(f"**{_fmt(t[g])}**" for g in cols) + " |")
+    lines.append("| share of the U280 | | | " + " | ".join(f"{s[g]:.1%}" for g in cols) + " |")
+    lines.append("")
+    lines.append(f"lut_fraction {result['lut_fraction']:.3f} (LUTs / {U280['LUT']:,}), dsp_fraction "
+                 f"{result['dsp_fraction']:.3f} (DSPs / {U280['DSP']:,}); the platform excluded.")
     return "\n".join(lines) + "\n"

@@ -9,6 +9,11 @@ makes ``cards`` cards joined by link models (the config's link latency and line 
 registers through AXI4-Lite transactions, and ``wait`` / ``run`` clock the models in C++ until
 the kernels' interrupts rise. No Python runs per clock. ``RtlDevice(cfg)`` alone is a
 one-card appliance.
+
+``stalls=Stalls(...)`` turns on the models' seeded random flow control (off by default): ready
+stalls on AR, AW and W, held-back R beats and B responses and extra response latency on every
+AXI port of every card, and stalls of every link (sim/cpp/card_sim.cpp). A correct card gives
+bit-identical results with and without them, only later.
 """
 
 import ctypes
@@ -17,6 +22,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +32,7 @@ from hw import regs
 
 from .toolchain import verilator_env, verilator_root
 
-__all__ = ["build_card", "RtlDevice", "RtlAppliance"]
+__all__ = ["build_card", "RtlDevice", "RtlAppliance", "Stalls"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "cpp" / "card_sim.cpp"
@@ -40,6 +46,40 @@ AXI_WRITE = ("awid", "awaddr", "awlen", "awvalid", "awready", "wdata", "wstrb", 
              "wready", "bid", "bresp", "bvalid", "bready")
 LITE = ("awaddr", "awvalid", "awready", "wdata", "wstrb", "wvalid", "wready", "bresp", "bvalid",
         "bready", "araddr", "arvalid", "arready", "rdata", "rresp", "rvalid", "rready")
+
+
+@dataclass(frozen=True)
+class Stalls:
+    """Random flow control of the Verilated cards' HBM and link models, from ``seed``.
+
+    Attributes
+    ----------
+    ready : float
+        Chance that ARREADY, AWREADY or WREADY of a port is held low in a cycle.
+    valid : float
+        Chance that an R beat or a B response that could go is held back a cycle.
+    delay : int
+        Each read burst's first beat and each write response come up to ``delay`` cycles
+        later than the model's latency (uniform, in order).
+    link : float
+        Chance that a link refuses a sent beat (TREADY low) or withholds a delivered one
+        (TVALID low) in a cycle, each direction of each link.
+    seed : int
+    """
+
+    ready: float = 0.3
+    valid: float = 0.3
+    delay: int = 32
+    link: float = 0.3
+    seed: int = 1
+
+    def __post_init__(self):
+        for name in ("ready", "valid", "link"):
+            v = getattr(self, name)
+            if not 0 <= v < 1:
+                raise ValueError(f"{name}: got {v!r}; allowed: a probability in [0, 1)")
+        if not isinstance(self.delay, int) or self.delay < 0:
+            raise ValueError(f"delay: got {self.delay!r}; allowed: cycles >= 0")
 
 
 def _ports_header(ports):
@@ -156,7 +196,7 @@ class RtlAppliance:
     """
 
     def __init__(self, cfg, cards=1, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
-                 seed=0):
+                 seed=0, stalls=None):
         self.cfg, self.cards = cfg, cards
         if cards > 1 and not cfg.ring_links:
             raise ValueError(f"config {cfg.name!r} has cards: 1, so its card kernel has no ring links")
@@ -179,6 +219,8 @@ class RtlAppliance:
         L.cycles.restype = ctypes.c_uint64
         L.set_link.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_double, ctypes.c_double]
         L.link_stats.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        L.set_stalls.argtypes = [ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_int,
+                                 ctypes.c_double, ctypes.c_uint64]
         lat = cfg.hbm.latency_cycles if latency is None else latency
         bpc = cfg.hbm_channel_bytes_per_cycle if bytes_per_cycle is None else bytes_per_cycle
         self._sim = L.sim_new(cards, cfg.hbm.channels, cfg.hbm.channel_mbytes << 20, lat, bpc,
@@ -186,6 +228,9 @@ class RtlAppliance:
                               seed)
         if not self._sim:
             raise RuntimeError("could not create the simulated cards (HBM images not allocated)")
+        self.stalls = None
+        if stalls is not None:
+            self.set_stalls(stalls)
         self.devices = [RtlDevice(cfg, appliance=self, index=i) for i in range(cards)]
 
     def close(self):
@@ -195,6 +240,13 @@ class RtlAppliance:
 
     def __del__(self):
         self.close()
+
+    def set_stalls(self, stalls):
+        """Random stalls (:class:`Stalls`) on every card's AXI ports and every link from now on;
+        None turns them off."""
+        st = Stalls(0.0, 0.0, 0, 0.0, 0) if stalls is None else stalls
+        self._lib.set_stalls(self._sim, st.ready, st.valid, st.delay, st.link, st.seed)
+        self.stalls = stalls
 
     def set_link(self, i, direction, *, ber=0.0, drop=0.0):
         """Faults on link right[i] (direction +1: card i -> i + 1) or left[i] (-1: i + 1 -> i)."""
@@ -232,11 +284,11 @@ class RtlDevice(Device):
     ``index`` of an ``RtlAppliance``."""
 
     def __init__(self, cfg, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
-                 appliance=None, index=0):
+                 appliance=None, index=0, stalls=None):
         self.cfg = cfg
         if appliance is None:
             appliance = RtlAppliance(cfg, 1, lib=lib, latency=latency, bytes_per_cycle=bytes_per_cycle,
-                                     watchdog=watchdog)
+                                     watchdog=watchdog, stalls=stalls)
             self._own = appliance              # a one-card appliance lives as long as its device
         self._app, self.index = appliance, index
         self._lib = appliance._lib
@@ -290,11 +342,12 @@ class RtlDevice(Device):
 
 
 def run_card_collective(cfg, op, elements, *, cards, bidirectional=False, ber=0.0, drop=0.0,
-                        dead_link=None, seed=0, lib=None, timeout_s=900.0):
+                        dead_link=None, seed=0, lib=None, timeout_s=900.0, stalls=None):
     """One collective through the card kernels: a COLL on HBM (src and dst stripe rows) on each
     of ``cards`` Verilated cards of ``cfg``, on random fp32 inputs; the same figures, inputs,
-    outputs and reference as sim.fabric.run_collective. Raises sim.fabric.LinkDead (figures
-    attached) when the cards end with RING_ERROR (a link whose retries ran out)."""
+    outputs and reference as sim.fabric.run_collective; ``stalls`` (:class:`Stalls`) jitters the
+    cards' HBM and link models. Raises sim.fabric.LinkDead (figures attached) when the cards end
+    with RING_ERROR (a link whose retries ran out)."""
     from host.stripes import read_stripes, write_stripes
     from hw.isa import ERROR_CODES, encode
 
@@ -304,7 +357,7 @@ def run_card_collective(cfg, op, elements, *, cards, bidirectional=False, ber=0.
     run_cfg = cfg.replace(topology="bidirectional_ring" if bidirectional else "ring")
     if lib is None:
         lib, _, _ = build_card(cfg)
-    app = RtlAppliance(run_cfg, cards, lib=lib, seed=seed)
+    app = RtlAppliance(run_cfg, cards, lib=lib, seed=seed, stalls=stalls)
     N, n, S = cards, elements, cfg.stripe_bytes
     W = cfg.link.data_bits // 32
     nb = -(-n // W)

@@ -1,4 +1,5 @@
-"""The card kernel against the ISS: random valid programs and every error stop, bit for bit."""
+"""The card kernel against the ISS: random valid programs and every error stop, bit for bit;
+random programs again on a card whose HBM model stalls at random (the same results, later)."""
 
 import numpy as np
 import pytest
@@ -72,6 +73,55 @@ def test_random_programs(rtl_card, seed):
     from hw.isa import OPCODES, VOPS
     expected = {o for o in OPCODES if o not in ("VEC", "COLL")} | {f"VEC.{c}" for c, _, _ in VOPS.values()}
     assert expected <= ops, f"not covered: {expected - ops}"
+
+
+def _stalled_run(rtl_card, stalled, seed, n, label):
+    """``n`` random programs on the ISS, the card and the same card with stalls: all three end
+    alike (status, counters, HBM images with the VSP dump); returns the cycles (unstalled,
+    stalled) summed over the programs."""
+    cfg, lay, rng, iss, rtl = _pair(rtl_card, seed)
+    _pair((cfg, stalled), seed)                  # the same image into the stalled card
+    gen = ProgramGen(cfg, rng, lay)
+    cycles = [0, 0]
+    for k in range(n):
+        prog = gen.program(int(rng.integers(5, 40)))
+        try:
+            c = _compare(cfg, lay, iss, rtl, prog)
+            s = stalled.run(prog, lay.prog_addr, timeout_s=120)
+            assert s["status"] == c["status"], f"status: stalled {s['status']:#x}, unstalled {c['status']:#x}"
+            for key in ("hbm_rd_bytes", "hbm_wr_bytes", "insns"):
+                assert s[key] == c[key], f"counter {key}: stalled {s[key]}, unstalled {c[key]}"
+            diff = np.nonzero(_snapshot(stalled, cfg, lay) != _snapshot(rtl, cfg, lay))[0]
+            assert len(diff) == 0, f"stalled: {len(diff)} HBM bytes differ, first at {diff[:8]}"
+        except AssertionError as e:
+            raise AssertionError(f"program {k} (seed {seed}, {label}): {e}") from None
+        cycles[0] += c["cycles"]
+        cycles[1] += s["cycles"]
+    print(f"{n} random programs, {label}: {cycles[0]} cycles unstalled, {cycles[1]} stalled "
+          f"({cycles[1] / cycles[0]:.3f}x)")
+    return cycles
+
+
+@pytest.mark.rtl
+def test_random_programs_stalled(rtl_card, seed):
+    """Random programs on a card whose HBM model stalls at random (sim.system.Stalls: every
+    port's AR/AW/W ready, R and B held back, up to 32 cycles of extra latency): the same status,
+    counters and HBM images as the ISS and the unstalled card, in more cycles."""
+    from sim.system import RtlDevice, Stalls
+    stalled = RtlDevice(rtl_card[0], stalls=Stalls(seed=seed))
+    unstalled, slow = _stalled_run(rtl_card, stalled, seed + 1, 30, "default stalls")
+    assert slow > unstalled
+
+
+@pytest.mark.soak
+def test_random_programs_stalled_soak(rtl_card, seed):
+    """Hundreds of programs each under light, default and heavy stalls."""
+    from sim.system import RtlDevice, Stalls
+    for k, st in enumerate((Stalls(ready=0.1, valid=0.1, delay=8, seed=seed),
+                            Stalls(seed=seed + 1),
+                            Stalls(ready=0.7, valid=0.7, delay=200, seed=seed + 2))):
+        _stalled_run(rtl_card, RtlDevice(rtl_card[0], stalls=st), seed + 10 + k, N_PROGRAMS,
+                     f"stalls {st}")
 
 
 def _err(name):

@@ -243,13 +243,30 @@ def _hbm_program(cfg, lay):
 
 @pytest.mark.parametrize("cards, bidirectional", [(2, False), (3, True)])
 def test_coll_on_hbm_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed):
+    _coll_on_hbm(tiny, card_lib, cards, bidirectional, seed)
+
+
+def test_coll_on_hbm_stalled(tiny, card_lib, seed):
+    """The same with random stalls on every HBM port and link (sim.system.Stalls): the card's
+    AXI multiplexers share each channel between the DMA and the collective unit's HbmBeats
+    while the channel and the links stall."""
+    from sim.system import Stalls
+    fast = _coll_on_hbm(tiny, card_lib, 2, False, seed)
+    slow = _coll_on_hbm(tiny, card_lib, 2, False, seed, stalls=Stalls(seed=seed))
+    print(f"COLL on HBM, 2 cards: {fast} cycles unstalled, {slow} stalled ({slow / fast:.3f}x)")
+    assert slow > fast
+
+
+def _coll_on_hbm(tiny, card_lib, cards, bidirectional, seed, stalls=None):
+    """COLLs on HBM beside LOAD/STORE traffic on ``cards`` cards against the ISS ring; returns
+    the RTL's cycles (the slowest card's)."""
     from sim.system import RtlAppliance
     cfg = tiny.replace(topology="bidirectional_ring" if bidirectional else "ring")
     lay = Layout(cfg)
     prog = _hbm_program(cfg, lay)
     rng = np.random.default_rng(seed + 10 * cards)
     print(f"seed {seed + 10 * cards}")
-    iss, rtl = IssRing(cfg, cards), RtlAppliance(cfg, cards, lib=card_lib)
+    iss, rtl = IssRing(cfg, cards), RtlAppliance(cfg, cards, lib=card_lib, stalls=stalls)
     inputs = []
     for i in range(cards):
         x = (rng.standard_normal(20000) * np.exp(rng.uniform(-4, 4, 20000))).astype(np.float32)
@@ -291,6 +308,7 @@ def test_coll_on_hbm_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed
     got = read_stripes(iss.devices[0], cfg, 5000, 625).view(np.uint32)[:20000]
     want = ref.reference("allreduce", np.stack(inputs), B, bidirectional=bidirectional)[0][:20000]
     assert np.array_equal(got, want.view(np.uint32))
+    return max(int(d.counters()["cycles"]) for d in rtl.devices)
 
 
 def test_collective_cli_through_the_card(card_lib, tmp_path):

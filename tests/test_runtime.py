@@ -5,6 +5,9 @@
   tolerance and the same greedy tokens over 32 steps (1 card);
 - RTL against ISS: bit-identical logits and tokens (1 card; 8 steps here, 32 in soak; 2 cards
   of the Verilated ring against the ISS ring, 4 cards in soak);
+- RTL with random stalls on every HBM port and link against RTL without: bit-identical tokens,
+  logits, HBM images and VSP (1 and 2 cards, 3 steps here; more steps, 4 cards and other stall
+  rates in soak);
 - sampling is seeded and respects top-k;
 - bad input gives one line and exit code 2.
 """
@@ -145,6 +148,78 @@ def test_rtl_ring_matches_iss(demo):
 @pytest.mark.soak
 def test_rtl_ring_of_four_matches_iss(demo):
     _rtl_ring_vs_iss(demo, 4, 32)
+
+
+def _demo_on_cards(demo, cards, steps, *, stalls=None):
+    """The demo model on ``cards`` Verilated cards (``stalls``: sim.system.Stalls on their HBM
+    and link models); returns tokens, logits, summary figures, and per card its HBM image
+    (rows [0, next_row): weights, K/V caches, logits) and its VSP at the end (stored raw by one
+    more program)."""
+    from host.runtime import Cards, compile_model
+    from host.stripes import read_stripes
+    from hw.isa import encode
+    from sim.progs import Layout, ProgramGen
+    from sim.system import RtlAppliance
+    cfg, model, tok = demo
+    app = RtlAppliance(cfg, cards, stalls=stalls)
+    cms = compile_model(cfg, model, cards)
+    toks, logits, stats = generate(cfg, Cards(cms, app.devices, app if cards > 1 else None), None,
+                                   tok.encode(PROMPT), steps, keep_logits=True)
+    images, vsps = [], []
+    lay = Layout(cfg)
+    lay.dump_row = max(cm.img.next_row for cm in cms)
+    dump = ProgramGen(cfg, np.random.default_rng(0), lay).dump(cfg.core.vsp_words) + [encode("HALT")]
+    at = (cfg.hbm.channel_mbytes << 20) - 16 * (len(dump) + 16)     # clear of everything else
+    status = app.run([dump] * cards, at) if cards > 1 else [app.devices[0].run(dump, at)["status"]]
+    assert status == [(len(dump) - 1) << 8] * cards, status
+    for cm, dev in zip(cms, app.devices, strict=True):
+        images.append(read_stripes(dev, cfg, 0, cm.img.next_row))
+        vsps.append(read_stripes(dev, cfg, lay.dump_row, lay.dump_rows))
+    app.close()
+    return toks, logits, stats.summary(cfg), images, vsps
+
+
+def _stalled_matches_unstalled(demo, cards, steps, stalls):
+    """The demo model on cards whose HBM and link models stall at random against the same cards
+    unstalled: identical tokens and bit-identical logits, HBM images and VSP contents; only
+    the cycles differ (printed: the slowdown)."""
+    from sim.system import build_card
+    build_card(demo[0])
+    runs = [_demo_on_cards(demo, cards, steps, stalls=st) for st in (None, stalls)]
+    (t0, l0, f0, img0, vsp0), (t1, l1, f1, img1, vsp1) = runs
+    assert t1 == t0, f"{stalls}: tokens {t1}, unstalled {t0}"
+    assert np.array_equal(l1.view(np.uint32), l0.view(np.uint32)), f"{stalls}: logits differ"
+    for i in range(cards):
+        for what, a, b in (("HBM image", img0[i], img1[i]), ("VSP", vsp0[i], vsp1[i])):
+            bad = np.flatnonzero(a != b)
+            assert bad.size == 0, f"{stalls}: card {i} {what}: {bad.size} bytes differ, first at {bad[:8]}"
+    assert f1["hbm_bytes_per_token"] == f0["hbm_bytes_per_token"]
+    assert f1["link_bytes_per_token"] == f0["link_bytes_per_token"]
+    slow = {k: (f0[k], f1[k], round(f1[k] / f0[k], 3))
+            for k in ("prefill_cycles", "decode_cycles_per_token")}
+    print(f"{cards} card(s), {steps} steps, {stalls}: cycles unstalled -> stalled (ratio) {slow}")
+    assert f1["decode_cycles_per_token"] > f0["decode_cycles_per_token"], "the stalls stalled nothing"
+    return slow
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("cards", [1, 2])
+def test_rtl_stalled_matches_unstalled(demo, cards):
+    """Random ready stalls on AR/AW/W, held-back R and B and up to 32 cycles of extra latency on
+    every HBM port, and stalled links (sim.system.Stalls): the same results, later."""
+    from sim.system import Stalls
+    _stalled_matches_unstalled(demo, cards, 3, Stalls(seed=cards))
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("cards", [1, 2, 4])
+def test_rtl_stalled_matches_unstalled_soak(demo, cards):
+    """32 steps; light, default and heavy stalls, each with its own seed."""
+    from sim.system import Stalls
+    for k, st in enumerate((Stalls(ready=0.1, valid=0.1, delay=8, link=0.1, seed=10 + cards),
+                            Stalls(seed=20 + cards),
+                            Stalls(ready=0.7, valid=0.7, delay=200, link=0.7, seed=30 + cards))):
+        _stalled_matches_unstalled(demo, cards, 32 if k == 1 else 8, st)
 
 
 @pytest.mark.rtl

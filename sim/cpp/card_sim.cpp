@@ -16,6 +16,14 @@
 // strobes once address and data are both in, answered `latency` cycles later. Accesses
 // outside the channel answer SLVERR (reads return zeros, writes are dropped).
 // The m_axi_insn port reads channel 0's memory through its own model.
+//
+// Stalls (set_stalls; off by default): every AXI port's model (each HBM channel and the
+// instruction port of every card) draws from its own seeded Jitter: ARREADY, AWREADY and
+// WREADY each held low with probability `ready` in a cycle; an R beat or a B response that
+// could go held back a cycle with probability `valid`; each read burst's first beat and each
+// write response `delay` cycles later at most (uniform, in order). Each direction of each link
+// refuses a sent beat (TREADY low) and withholds a delivered one (TVALID low) with probability
+// `link`. A valid once shown stays until its handshake, stalled or not.
 
 #include <sys/mman.h>
 
@@ -31,6 +39,7 @@
 
 namespace {
 
+using gptfpga::Jitter;
 using gptfpga::Link;
 
 using gptfpga::Port;
@@ -69,12 +78,15 @@ struct Slave {
     std::deque<BResp> bq;
     int writes_open = 0;
     uint64_t rd_beats = 0, wr_beats = 0;
+    Jitter ready_j, valid_j;        // stalls of the readies; of R and B (and their delays)
+    bool r_on = false, b_on = false;           // RVALID / BVALID driven this cycle
+    bool r_held = false, b_held = false;       // ... and not taken: they stay up
 
     // Drive this cycle's outputs from the state (before the edge).
     void drive(uint64_t now, std::vector<uint8_t>& buf) {
-        a.arready.set(rq.size() < static_cast<size_t>(max_out));
+        a.arready.set(rq.size() < static_cast<size_t>(max_out) && !ready_j.hold());
         bool rv = false;
-        if (!rq.empty() && rq.front().ready <= now && credit >= a.beat) {
+        if (!rq.empty() && (r_held || (rq.front().ready <= now && credit >= a.beat && !valid_j.hold()))) {
             Burst& b = rq.front();
             uint64_t addr = b.addr + static_cast<uint64_t>(b.sent) * a.beat;
             bool ok = addr + a.beat <= mem->size;
@@ -87,11 +99,13 @@ struct Slave {
             rv = true;
         }
         a.rvalid.set(rv);
+        r_on = rv;
         if (a.has_write) {
-            a.awready.set(writes_open < max_out);
-            a.wready.set(wq.size() < 64);
-            bool bv = !bq.empty() && bq.front().ready <= now;
+            a.awready.set(writes_open < max_out && !ready_j.hold());
+            a.wready.set(wq.size() < 64 && !ready_j.hold());
+            bool bv = !bq.empty() && (b_held || (bq.front().ready <= now && !valid_j.hold()));
             a.bvalid.set(bv);
+            b_on = bv;
             a.bresp.set(bv ? bq.front().resp : 0);
             a.bid.set(0);
         }
@@ -102,13 +116,15 @@ struct Slave {
                 uint64_t aw_addr, int aw_len, const std::vector<uint8_t>& wdata,
                 const std::vector<uint8_t>& wstrb) {
         credit = std::min(credit + bytes_per_cycle, 2.0 * a.beat + bytes_per_cycle);
+        r_held = r_on && !r;
+        b_held = b_on && !b;
         if (r) {
             Burst& bb = rq.front();
             credit -= a.beat;
             rd_beats++;
             if (++bb.sent == bb.beats) rq.pop_front();
         }
-        if (ar) rq.push_back({ar_addr, ar_len + 1, 0, now + static_cast<uint64_t>(latency)});
+        if (ar) rq.push_back({ar_addr, ar_len + 1, 0, now + static_cast<uint64_t>(latency + valid_j.extra())});
         if (a.has_write) {
             if (b) bq.pop_front(), writes_open--;
             if (aw) { awq.push_back({aw_addr, aw_len + 1}); writes_open++; }
@@ -128,7 +144,7 @@ struct Slave {
                     wr_beats++;
                     credit -= a.beat;
                 }
-                bq.push_back({now + static_cast<uint64_t>(latency), ok ? 0 : 2});
+                bq.push_back({now + static_cast<uint64_t>(latency + valid_j.extra()), ok ? 0 : 2});
             }
         }
     }
@@ -151,6 +167,8 @@ struct Card {
     std::vector<H> hs;
     std::vector<std::vector<uint8_t>> wd, ws;
     bool r_tx = false, l_tx = false, r_rx = false, l_rx = false, r_last = false, l_last = false;
+    bool r_rx_on = false, l_rx_on = false;        // TVALID driven into port R / L this cycle
+    bool r_rx_held = false, l_rx_held = false;    // ... and not taken: it stays up
     std::vector<uint8_t> r_beat, l_beat;
 
     void sample() {
@@ -204,6 +222,7 @@ struct Sim {
     std::unique_ptr<VerilatedContext> ctx;
     std::vector<std::unique_ptr<Card>> cards;
     std::vector<Link> right, left;     // right[i]: i.R -> (i+1).L ; left[i]: (i+1).L -> i.R
+    std::vector<Jitter> right_j, left_j;    // the links' stalls
     std::mt19937_64 rng;
     uint64_t cycle = 0;
     std::vector<uint8_t> buf;
@@ -224,13 +243,18 @@ struct Sim {
                 Card& c = *cards[i];
                 Link& in_l = right[(i + n - 1) % n];   // from i-1's R into my L
                 Link& in_r = left[i];                  // from i+1's L into my R
-                bool lv = in_l.head(cycle), rv = in_r.head(cycle);
+                Jitter& jl = right_j[(i + n - 1) % n];
+                Jitter& jr = left_j[i];
+                bool lv = in_l.head(cycle) && (c.l_rx_held || !jl.hold());
+                bool rv = in_r.head(cycle) && (c.r_rx_held || !jr.hold());
+                c.l_rx_on = lv;
+                c.r_rx_on = rv;
                 c.l.rx_valid.set(lv);
                 if (lv) { c.l.rx_data.set_bytes(in_l.q.front().data.data(), c.link_beat); c.l.rx_last.set(in_l.q.front().last); }
                 c.r.rx_valid.set(rv);
                 if (rv) { c.r.rx_data.set_bytes(in_r.q.front().data.data(), c.link_beat); c.r.rx_last.set(in_r.q.front().last); }
-                c.r.tx_ready.set(right[i].ready(c.link_beat));
-                c.l.tx_ready.set(left[(i + n - 1) % n].ready(c.link_beat));
+                c.r.tx_ready.set(right[i].ready(c.link_beat) && !right_j[i].hold());
+                c.l.tx_ready.set(left[(i + n - 1) % n].ready(c.link_beat) && !left_j[(i + n - 1) % n].hold());
             }
         }
         for (auto& c : cards) c->top->eval();
@@ -242,6 +266,8 @@ struct Sim {
             for (size_t i = 0; i < n; i++) {
                 Card& c = *cards[i];
                 int bb = c.link_beat;
+                c.l_rx_held = c.l_rx_on && !c.l_rx;
+                c.r_rx_held = c.r_rx_on && !c.r_rx;
                 if (c.l_rx) right[(i + n - 1) % n].q.pop_front();
                 if (c.r_rx) left[i].q.pop_front();
                 if (c.r_tx) right[i].inject(c.r_beat.data(), c.r_last, bb, cycle, rng);
@@ -285,6 +311,8 @@ void* sim_new(int ncards, int channels, uint64_t channel_bytes, int latency, dou
     }
     s->right.resize(ncards);
     s->left.resize(ncards);
+    s->right_j.resize(ncards);
+    s->left_j.resize(ncards);
     for (auto* links : {&s->right, &s->left})
         for (auto& L : *links) { L.latency = link_latency; L.bytes_per_cycle = link_bytes_per_cycle; }
     s->buf.resize(256);
@@ -371,6 +399,32 @@ int64_t run(void* p, uint64_t mask, uint64_t max_cycles) {
 }
 
 uint64_t cycles(void* p) { return static_cast<Sim*>(p)->cycle; }
+
+// Random stalls (the header's Stalls paragraph) on every AXI port of every card and on every
+// link, from `seed`; all zero turns them off. Each port and link direction draws from its own
+// generator, seeded from `seed` and its place.
+void set_stalls(void* p, double ready, double valid, int delay, double link, uint64_t seed) {
+    auto* s = static_cast<Sim*>(p);
+    std::seed_seq base{seed};
+    std::vector<uint32_t> seeds;
+    size_t n = 0;
+    for (auto& c : s->cards) n += 2 * c->slaves.size();
+    n += s->right_j.size() + s->left_j.size();
+    seeds.resize(2 * n);
+    base.generate(seeds.begin(), seeds.end());
+    size_t k = 0;
+    auto next = [&]() { uint64_t v = (static_cast<uint64_t>(seeds[k]) << 32) | seeds[k + 1]; k += 2; return v; };
+    for (auto& c : s->cards)
+        for (auto& sl : c->slaves) {
+            sl.ready_j.stall = ready;
+            sl.ready_j.seed(next());
+            sl.valid_j.stall = valid;
+            sl.valid_j.delay = delay < 0 ? 0 : delay;
+            sl.valid_j.seed(next());
+        }
+    for (auto* js : {&s->right_j, &s->left_j})
+        for (auto& j : *js) { j.stall = link; j.seed(next()); }
+}
 
 // Fault injection on link right[i] (dir 0) or left[i] (dir 1).
 int set_link(void* p, int i, int dir, double ber, double drop) {

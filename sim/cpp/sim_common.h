@@ -7,6 +7,11 @@
 // and every bit of a beat flips with probability `ber`. The network buffers whatever is in
 // flight (the link layer's credits bound it). Every frame's CRC field is recomputed here as
 // sent (independently of the RTL): `bad_frames` counts disagreements (a sender bug).
+//
+// Jitter: seeded random flow control for the memory and link models (off unless set): a
+// ready held low, or a valid that could rise held back, with probability `stall` in each cycle;
+// a response's extra latency uniform in [0, `delay`] cycles. A model keeps a valid it has
+// shown until its handshake (AXI's rule), whatever the draw.
 
 #pragma once
 
@@ -72,6 +77,21 @@ inline uint32_t crc32(const uint8_t* d, size_t n) {
     for (size_t i = 0; i < n; i++) c = table[(c ^ d[i]) & 0xFF] ^ (c >> 8);
     return c ^ 0xFFFFFFFFu;
 }
+
+class Jitter {
+public:
+    double stall = 0;
+    int delay = 0;
+    void seed(uint64_t s) { rng_.seed(s); }
+    bool on() const { return stall > 0 || delay > 0; }
+    // This cycle's ready (or a new valid) held low?
+    bool hold() { return stall > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < stall; }
+    // A response's extra latency, cycles.
+    int extra() { return delay > 0 ? std::uniform_int_distribution<int>(0, delay)(rng_) : 0; }
+
+private:
+    std::mt19937_64 rng_;
+};
 
 struct WireBeat { std::vector<uint8_t> data; bool last; uint64_t due; };
 

@@ -75,11 +75,14 @@ def test_random_programs(rtl_card, seed):
     assert expected <= ops, f"not covered: {expected - ops}"
 
 
-def _stalled_run(rtl_card, stalled, seed, n, label):
-    """``n`` random programs on the ISS, the card and the same card with stalls: all three end
-    alike (status, counters, HBM images with the VSP dump); returns the cycles (unstalled,
-    stalled) summed over the programs."""
-    cfg, lay, rng, iss, rtl = _pair(rtl_card, seed)
+def _stalled_run(cfg, stalls, seed, n, label):
+    """``n`` random programs on the ISS, a new card and a new card with ``stalls``: all three
+    end alike (status, counters, HBM images with the VSP dump); returns the cycles (unstalled,
+    stalled) summed over the programs. All three start afresh: a program may read what an
+    earlier one left in the VSP or XB, so the three must share their history."""
+    from sim.system import RtlDevice
+    stalled = RtlDevice(cfg, stalls=stalls)
+    cfg, lay, rng, iss, rtl = _pair((cfg, RtlDevice(cfg)), seed)
     _pair((cfg, stalled), seed)                  # the same image into the stalled card
     gen = ProgramGen(cfg, rng, lay)
     cycles = [0, 0]
@@ -107,21 +110,19 @@ def test_random_programs_stalled(rtl_card, seed):
     """Random programs on a card whose HBM model stalls at random (sim.system.Stalls: every
     port's AR/AW/W ready, R and B held back, up to 32 cycles of extra latency): the same status,
     counters and HBM images as the ISS and the unstalled card, in more cycles."""
-    from sim.system import RtlDevice, Stalls
-    stalled = RtlDevice(rtl_card[0], stalls=Stalls(seed=seed))
-    unstalled, slow = _stalled_run(rtl_card, stalled, seed + 1, 30, "default stalls")
+    from sim.system import Stalls
+    unstalled, slow = _stalled_run(rtl_card[0], Stalls(seed=seed), seed + 1, 30, "default stalls")
     assert slow > unstalled
 
 
 @pytest.mark.soak
 def test_random_programs_stalled_soak(rtl_card, seed):
     """Hundreds of programs each under light, default and heavy stalls."""
-    from sim.system import RtlDevice, Stalls
+    from sim.system import Stalls
     for k, st in enumerate((Stalls(ready=0.1, valid=0.1, delay=8, seed=seed),
                             Stalls(seed=seed + 1),
                             Stalls(ready=0.7, valid=0.7, delay=200, seed=seed + 2))):
-        _stalled_run(rtl_card, RtlDevice(rtl_card[0], stalls=st), seed + 10 + k, N_PROGRAMS,
-                     f"stalls {st}")
+        _stalled_run(rtl_card[0], st, seed + 10 + k, N_PROGRAMS, f"stalls {st}")
 
 
 def _err(name):

@@ -225,7 +225,8 @@ class Card(wiring.Component):
         hbm_err = Const(0, 1)
         if coll is not None:
             m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
-                                                  data_bits=coll.D, run=coll.run)
+                                                  data_bits=coll.D, run=coll.run,
+                                                  max_outstanding=self.cfg.hbm.max_outstanding)
             wiring.connect(m, coll.hrd, hb.rd)
             wiring.connect(m, coll.hwr, hb.wr)
             m.d.comb += coll.hw_idle.eq(hb.w_idle)

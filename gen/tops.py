@@ -119,7 +119,8 @@ def hbm_beats_params(cfg):
     test (tests/test_axi_units.py) converts it directly."""
     C, hb, D = cfg.hbm.channels, cfg.hbm.data_bits, cfg.link.data_bits
     per_row = C // max(1, D // hb)
-    return dict(channels=C, hbm_bits=hb, data_bits=D, run=min(32, per_row * 8))
+    return dict(channels=C, hbm_bits=hb, data_bits=D, run=min(32, per_row * 8),
+                max_outstanding=cfg.hbm.max_outstanding)
 
 
 def reader_params(cfg):

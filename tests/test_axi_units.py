@@ -48,8 +48,8 @@ def test_hbm_beats_params_are_the_cards(cfg):
     unit = CollUnit(cfg, timeout=1)
     _count_as_elaborated(unit)
     p = hbm_beats_params(cfg)
-    assert (p["channels"], p["hbm_bits"], p["data_bits"], p["run"]) == \
-        (cfg.hbm.channels, cfg.hbm.data_bits, unit.D, unit.run)
+    assert (p["channels"], p["hbm_bits"], p["data_bits"], p["run"], p["max_outstanding"]) == \
+        (cfg.hbm.channels, cfg.hbm.data_bits, unit.D, unit.run, cfg.hbm.max_outstanding)
 
 
 @pytest.mark.rtl

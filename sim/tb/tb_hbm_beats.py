@@ -14,7 +14,8 @@ The Python model of the stripe layout (the module docstring of hw/dma/beats.py):
 - after the last write, ``w_idle`` rises only once every burst is answered, and every channel's
   memory equals the model (written beats there, nothing else touched);
 - buffers (``ptr_c``) page aligned or only beat aligned, at random per channel;
-- on every channel: bursts inside the channel's buffer and inside one 4 KiB page, WLAST on
+- on every channel: at most ``max_outstanding`` bursts in flight each way (when given), bursts
+  inside the channel's buffer and inside one 4 KiB page, WLAST on
   the (len + 1)-th beat, AR/AW/W held stable while waiting for READY, one W burst per AW in
   order (its beats may come before its AW, as AXI allows);
 - ``err`` only after a response other than OKAY.
@@ -33,6 +34,7 @@ from cocotbext.axi import AxiRamRead, AxiRamWrite, AxiReadBus, AxiWriteBus
 P = json.loads(os.environ["GPTFPGA_PARAMS"])
 SEED = int(os.environ.get("GPTFPGA_SEED", "1"))
 C, HB, D, RUN, PAGE_BEATS = P["channels"], P["hbm_bits"], P["data_bits"], P["run"], P["page_beats"]
+MAX_OUT = P.get("max_outstanding")       # bursts in flight per channel and direction, or None
 K = D // HB                  # channels of a link beat
 PER = C // K                 # link beats of a stripe row
 HBB = HB // 8                # bytes of a channel beat
@@ -102,6 +104,7 @@ class TB:
         self.w_in = 0                 # link beats accepted for writing
         self.cycles = 0
         self.max_open = 0
+        self.max_burst_open = 0       # bursts in flight on one channel in one direction
 
     def fail(self, msg):
         if len(self.errors) < 20:
@@ -149,6 +152,7 @@ class TB:
             chans.append(g)
         held = {}
         wq = [[] for _ in range(C)]           # each channel's W bursts (_w_address)
+        rd_open, wr_open = [0] * C, [0] * C   # bursts in flight per channel and direction
         aw_n = b_n = w_beats = 0
         while True:
             await ReadOnly()
@@ -177,11 +181,21 @@ class TB:
                         if ch == "aw":
                             self._w_address(c, wq[c], ln + 1)
                             aw_n += 1
+                            wr_open[c] += 1
+                        else:
+                            rd_open[c] += 1
                     if v and r and ch == "w":
                         w_beats += 1
                         self._w_beat(c, wq[c], payload[1])
                 if int(g["bvalid"].value) and int(g["bready"].value):
                     b_n += 1
+                    wr_open[c] -= 1
+                if int(g["rvalid"].value) and int(g["rready"].value) and int(g["rlast"].value):
+                    rd_open[c] -= 1
+                self.max_burst_open = max(self.max_burst_open, rd_open[c], wr_open[c])
+                if MAX_OUT is not None and max(rd_open[c], wr_open[c]) > MAX_OUT:
+                    self.fail(f"channel {c}: {rd_open[c]} reads, {wr_open[c]} writes in flight, "
+                              f"beyond max_outstanding {MAX_OUT}")
             if int(dut.wr_valid.value) and int(dut.wr_ready.value):
                 self.w_in += 1
             self.max_open = max(self.max_open, aw_n - b_n)
@@ -334,7 +348,8 @@ async def traffic(dut, seed, n, **kw):
     await tb.wait_idle(len(expected))
     tb.verify(expected)
     print(f"tb_hbm_beats: {tb.cycles} cycles, {len(expected)} beats read, {tb.w_in} written, "
-          f"max write bursts open {tb.max_open}")
+          f"max write bursts open {tb.max_open}, max on one channel and direction "
+          f"{tb.max_burst_open} (limit {MAX_OUT})")
     return tb
 
 

@@ -21,7 +21,8 @@ BENCH = ROOT / "docs" / "bench"
 
 def configs_md():
     lines = ["# Config reference", "",
-             "Generated from `gen/config.py` (`python -m gen.docs`); every key is required unless it has a default.", "",
+             "Generated from `gen/config.py` (`python -m gen.docs`); every key is required "
+             "unless it has a default.", "",
              "| key | allowed | meaning |", "|---|---|---|"]
     lines += [f"| `{k}` | {a} | {d} |" for k, a, d in schema_rows()]
     return "\n".join(lines) + "\n"
@@ -157,8 +158,9 @@ def fig_resources():
     lines += ["", f"`lut_fraction` {r['lut_fraction']:.3f}, `dsp_fraction` {r['dsp_fraction']:.3f}: the "
               f"whole card's LUTs / {_n(r['u280']['LUT'])} and DSPs / {_n(r['u280']['DSP'])}, the "
               f"platform excluded (issue 20's floors: 0.45 and 0.55). The largest module: `{big['name']}` "
-              f"({big['class']}), {_n(big['total']['LUT'])} LUTs ({big['total']['LUT'] / r['u280']['LUT']:.0%} "
-              f"of the U280's); per module in docs/resources.md.{shape}"]
+              f"({big['class']}), {_n(big['total']['LUT'])} LUTs "
+              f"({big['total']['LUT'] / r['u280']['LUT']:.0%} of the U280's); per module in "
+              f"docs/resources.md.{shape}"]
     return "\n".join(lines)
 
 

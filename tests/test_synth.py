@@ -98,13 +98,14 @@ def test_sums_and_fractions(tiny):
     cfg, parts = tiny
     # made-up figures: one LUT per part, a DSP per dot product, the RAMs of a BRAM per memory
     figs = [{"key": f"k{i}", "from_shape": False,
-             "counts": {**{g: 0 for g in GROUPS}, "LUT": 1, "DSP": int(p.cls == "DotLane"),
+             "counts": {**{g: 0 for g in GROUPS}, "LUT": 1, "LUTMEM": 1, "DSP": int(p.cls == "DotLane"),
                         "BRAM36": 1 if p.kind == "memory" else 0}} for i, p in enumerate(parts)]
     r = card_result(cfg, parts, figs)
     t = r["total"]
     assert t["LUT"] == len(parts) == r["instances"]                 # each part once
+    assert r["lut_fraction"] == round(2 * len(parts) / 1_303_680, 4)
     assert t["DSP"] == card_units(cfg)[f"dot_lane_{cfg.core.width}"]
-    assert r["lut_fraction"] == round(t["LUT"] / 1_303_680, 4)
+    assert r["lut_fraction"] == round((t["LUT"] + t["LUTMEM"]) / 1_303_680, 4)
     assert r["dsp_fraction"] == round(t["DSP"] / 9_024, 4)
     rows = {g: r["card_logic"][g] + sum(m["total"][g] for m in r["modules"]) for g in GROUPS}
     assert rows == {g: t[g] for g in GROUPS}
@@ -163,7 +164,8 @@ def test_recorded_results_are_consistent(path):
     if "lut_fraction" not in r:
         pytest.skip("a result from before every module was counted")
     t = r["total"]
-    assert r["lut_fraction"] == round(t["LUT"] / U280["LUT"], 4)
+    assert r["lut_fraction"] == round((t["LUT"] + t["LUTMEM"]) / U280["LUT"], 4)   # all LUT sites
+    assert r["logic_lut_fraction"] == round(t["LUT"] / U280["LUT"], 4)
     assert r["dsp_fraction"] == round(t["DSP"] / U280["DSP"], 4)
     assert (U280["LUT"], U280["DSP"]) == (1_303_680, 9_024)
     for g in GROUPS:
@@ -181,7 +183,10 @@ def test_parse_stat_groups_cells():
        LUT2                         1
        URAM288                      1
        RAMB36E2                     1
+       RAM64M                       2
+       RAM32M16                     1
        bb_lane0                     1
     """
     got = parse_stat(text)
     assert (got["DSP"], got["FF"], got["LUT"], got["URAM"], got["BRAM36"]) == (2, 3, 2, 1, 1)
+    assert (got["LUTRAM"], got["LUTRAM_LUTS"]) == (3, 2 * 4 + 8)     # RAM64M: 4 LUTs, RAM32M16: 8

@@ -86,14 +86,14 @@ def _count_as_elaborated(component):
 
 def _rtlil(component, name, ports, cache_key):
     if cache_key is None:
-        return rtlil.convert(component, name=name, ports=ports, emit_src=False)
+        return drop_zero_meminit(rtlil.convert(component, name=name, ports=ports, emit_src=False))
     key = hashlib.sha256(f"{_sources_digest()}|{name}|{cache_key}".encode()).hexdigest()[:24]
     path = RTLIL_CACHE / f"{name}-{key}.il"
     if path.exists():
         os.utime(path)
         _count_as_elaborated(component)
         return path.read_text()
-    text = rtlil.convert(component, name=name, ports=ports, emit_src=False)
+    text = drop_zero_meminit(rtlil.convert(component, name=name, ports=ports, emit_src=False))
     RTLIL_CACHE.mkdir(parents=True, exist_ok=True)
     # Written whole, then renamed: a concurrent reader sees the old state or the new file.
     with tempfile.NamedTemporaryFile("w", dir=RTLIL_CACHE, suffix=".tmp", delete=False) as f:
@@ -137,7 +137,7 @@ def to_verilog(component, name, *, extra_ports=None, purge=False, cache_key=None
     ports = flat_ports(component)
     if extra_ports:
         ports.update(extra_ports)
-    text = drop_zero_meminit(_rtlil(component, name, ports, cache_key))
+    text = _rtlil(component, name, ports, cache_key)
     if module is not None and module != name:
         # Amaranth's built-in Yosys has no `rename`; the top's name appears once, in its header.
         header = f"\nmodule \\{name}\n"

@@ -243,15 +243,20 @@ class TB:
                 return
         raise AssertionError(f"seed {self.seed}: {what} not taken in {timeout} cycles (a hang)")
 
+    async def _offer(self, valid, payload, value, ready, what):
+        """Idle cycles at random, then ``value`` offered on ``valid``/``payload`` until taken."""
+        while self.idle and self.rng.random() < self.idle:
+            await RisingEdge(self.dut.clk)
+        payload.value = value
+        valid.value = 1
+        await self._taken(ready, what)
+        valid.value = 0
+
     async def reads(self, runs):
         dut = self.dut
         for b, n in runs:
-            while self.idle and self.rng.random() < self.idle:
-                await RisingEdge(dut.clk)
-            dut.rd_req_payload.value = b | (n << 32)
-            dut.rd_req_valid.value = 1
-            await self._taken(dut.rd_req_ready, f"read run ({b}, {n})")
-            dut.rd_req_valid.value = 0
+            await self._offer(dut.rd_req_valid, dut.rd_req_payload, b | (n << 32), dut.rd_req_ready,
+                              f"read run ({b}, {n})")
 
     async def writes(self, beats):
         """``beats``: [(beat, value) or ('idle', cycles)]."""
@@ -262,12 +267,8 @@ class TB:
                     await RisingEdge(dut.clk)
                 continue
             b, value = item
-            while self.idle and self.rng.random() < self.idle:
-                await RisingEdge(dut.clk)
-            dut.wr_payload.value = b | (value << 32)
-            dut.wr_valid.value = 1
-            await self._taken(dut.wr_ready, f"write of beat {b}")
-            dut.wr_valid.value = 0
+            await self._offer(dut.wr_valid, dut.wr_payload, b | (value << 32), dut.wr_ready,
+                              f"write of beat {b}")
             self.write_model(b, value)
 
     def random_runs(self, n, lo, hi):

@@ -29,7 +29,7 @@ U280 = {"LUT": 1_303_680, "FF": 2_607_360, "DSP": 9_024, "BRAM36": 2_016, "URAM"
 _GROUPS = {
     "LUT": re.compile(r"^(LUT[1-6](_2)?|INV)$"),
     "FF": re.compile(r"^FD[RSCP]E$"),
-    "DSP": re.compile(r"^DSP48E2$"),
+    "DSP": re.compile(r"^DSP48E[12]$"),
     "CARRY": re.compile(r"^CARRY[48]$"),
     "SRL": re.compile(r"^SRL(16E|C32E)$"),
     "LUTRAM": re.compile(r"^RAM(32|64|128|256)[MXS]"),
@@ -87,7 +87,7 @@ def synth_verilog(verilog_path, top, *, workdir=None, timeout=3600):
         shutil.copyfile(verilog_path, work / f"{top}.v")
         stat = work / f"{top}.stat.txt"
         script = (f"read_verilog {top}.v; "
-                  f"synth_xilinx -family xcup -top {top} -flatten -noiopad -noclkbuf; "
+                  f"{_synth_front(f'-family xcup -top {top} -flatten -noiopad -noclkbuf', '')}; "
                   f"tee -q -o {stat.name} stat")
         proc = subprocess.run([_yosys(), "-q", "-p", script], capture_output=True, text=True,
                               timeout=timeout, cwd=work)
@@ -174,7 +174,7 @@ GROUPS = ("LUT", "LUTMEM", "FF", "DSP", "CARRY", "SRL", "LUTRAM", "BRAM36", "URA
 # A memory this large or larger that Yosys cannot map to block RAM (it would become flip-flops)
 # is counted from its shape instead (ram_blocks); smaller ones are counted as Yosys maps them.
 BIG_MEMORY_BITS = 16 * 1024
-_SCRIPT_VERSION = 2     # part of every cache key: bump when the Yosys script or the counting changes
+_SCRIPT_VERSION = 3     # part of every cache key: bump when the Yosys script or the counting changes
 
 
 def ram_blocks(width, depth):
@@ -197,8 +197,10 @@ def card_units(cfg):
         f"dot_lane_{W}": L * R,                 # products, tree and rounding per lane and token
         f"block_align_{W}_w": L,                # each lane's tile row aligned once for R tokens
         f"block_align_{W}_x": R,                # each token's input block, once for every lane
-        "fp32_add": L * R + P,                  # accumulators; vector unit
-        "fp32_mul": P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P, "gelu": P,
+        # accumulators; the vector lanes' adders and GELU's two (x + c x^3, 1 + e^v)
+        "fp32_add": L * R + 3 * P,
+        # the lanes' multipliers and GELU's five (its exp and 1/x are the lane's own units)
+        "fp32_mul": 6 * P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P,
         "fp32_to_fp16": 2 * P + 1,              # vector unit's CVT16 lanes and x16 copies; the store engine
     }
 
@@ -465,6 +467,26 @@ class NoRamError(RuntimeError):
     """Yosys could not map a memory to RAM primitives (it would be flip-flops)."""
 
 
+# synth_xilinx's DSP mapping (its map_dsp step) with Yosys's DSP48E1 packer: Yosys 0.70's
+# xilinx_dsp packs registers, post-adders and P -> PCIN cascades into DSP48E1s (7 series) but
+# into no DSP48E2 (UltraScale+): a multiply-add chain would stay in LUTs and carries, where
+# Vivado puts it in the DSPs. Multiplies are cut to 25 x 18 (the DSP48E1's), which a DSP48E2
+# (27 x 18, the same 48-bit post-adder and cascade) does as well; each DSP48E1 counts as
+# one of the U280's DSP slices. docs/resources.md.
+_MAP_DSP = ("memory_dff; techmap -map +/mul2dsp.v -map +/xilinx/xc7_dsp_map.v -D DSP_A_MAXWIDTH=25 "
+            "-D DSP_B_MAXWIDTH=18 -D DSP_A_MAXWIDTH_PARTIAL=18 -D DSP_A_MINWIDTH=2 "
+            "-D DSP_B_MINWIDTH=2 -D DSP_Y_MINWIDTH=9 -D DSP_SIGNEDONLY=1 -D DSP_NAME=$__MUL25X18; "
+            "select a:mul2dsp; setattr -unset mul2dsp; opt_expr -fine; wreduce; select -clear; "
+            "xilinx_dsp -family xc7; chtype -set $mul t:$__soft_mul")
+
+
+def _synth_front(opts, last):
+    """synth_xilinx ``opts`` from the beginning through step ``last``, with _MAP_DSP for its
+    map_dsp step."""
+    return (f"synth_xilinx {opts} -run begin:map_dsp; {_MAP_DSP}; "
+            f"synth_xilinx {opts} -run coarse:{last}")
+
+
 # synth_xilinx's LUT mapping (its map_luts step) with ABC instead of ABC9: Yosys 0.70's ABC9
 # fails an assertion (ABC_OPS_REINTEGRATE, count_id) on a few modules that are mostly wires
 # between black boxes; those are mapped this way instead.
@@ -482,11 +504,15 @@ def synth_rtlil(text, top, *, workdir, memory_check=False, timeout=6 * 3600):
     work.mkdir(parents=True, exist_ok=True)
     opts = f"-family xcup -top {top} -flatten -noiopad -noclkbuf -uram"
     # with memory_check, stop before map_ffram (what is left of the memories becomes flops)
-    check = f"synth_xilinx {opts} -run :map_ffram; select -assert-none t:$mem_v2; " if memory_check else ""
-    first = "map_ffram" if memory_check else "begin"
-    scripts = {"abc9": f"{check}synth_xilinx {opts} -run {first}:",
-               "abc": f"{check}synth_xilinx {opts} -run {first}:map_luts; {_MAP_LUTS_ABC}; "
-                      f"synth_xilinx {opts} -run finalize:"}
+    if memory_check:
+        head = f"{_synth_front(opts, 'map_ffram')}; select -assert-none t:$mem_v2; "
+        scripts = {"abc9": f"{head}synth_xilinx {opts} -run map_ffram:",
+                   "abc": f"{head}synth_xilinx {opts} -run map_ffram:map_luts; {_MAP_LUTS_ABC}; "
+                          f"synth_xilinx {opts} -run finalize:"}
+    else:
+        scripts = {"abc9": f"{_synth_front(opts, '')}",
+                   "abc": f"{_synth_front(opts, 'map_luts')}; {_MAP_LUTS_ABC}; "
+                          f"synth_xilinx {opts} -run finalize:"}
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         (Path(tmp) / f"{top}.il").write_text(text)
         for mapper, synth in scripts.items():

@@ -72,11 +72,13 @@ WFIFO_QUEUE, WFIFO_IN_TO_POP, WFIFO_POP_TO_TILE = 4, 4, 2
 
 def dot_latency(width):
     """hw.arith.dot.DotArray.latency: the block alignment (unpack, a max level a stage, three
-    more), the products' two registers and an adder level a stage, then the rounding (the
-    magnitude, the normalizing shifts two a stage, the pack). The sum is at least 42 bits
-    wide, so the normalization takes 6 shifts."""
+    more), the product's register, the sums along a chain of up to 16 products (one a
+    stage, the DSP48E2 cascade) and an adder level a stage over the chains, then the
+    rounding (the magnitude, the normalizing shifts two a stage, the pack). The sum is at
+    least 42 bits wide, so the normalization takes 6 shifts."""
     levels = (width - 1).bit_length()
-    return (1 + levels + 3) + (2 + levels) + (1 + 3 + 1)
+    chain = min(16, width)
+    return (1 + levels + 3) + (1 + chain + (width // chain - 1).bit_length()) + (1 + 3 + 1)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from .fp import F32_QNAN, round_pack32
 from .pipe import delay
 from .tables import A_BITS, B_BITS
 
-__all__ = ["A_BITS", "B_BITS", "BlockAlign", "IntDot", "BfpToFp32", "DotLane", "DotArray", "Fp16Dot"]
+__all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32", "DotLane", "DotArray", "Fp16Dot"]
 
 # An element's class beside its aligned value: bits of BlockAlign.flags, per element.
 NAN, INF, ZERO, SIGN = range(4)
@@ -35,6 +35,21 @@ NAN, INF, ZERO, SIGN = range(4)
 
 def _levels(width):
     return (width - 1).bit_length()
+
+
+# Products summed along a chain of this many multipliers (a DSP48E2 column's P -> PCIN
+# cascade: the adds in the DSPs' post-adders), the chains' sums by an adder tree.
+CHAIN = 16
+
+
+def chain_length(width):
+    """The chain length a dot product of ``width`` uses: ``CHAIN``, or ``width`` if shorter."""
+    return min(CHAIN, width)
+
+
+def _check_chain(width, chain):
+    if chain < 1 or chain & (chain - 1) or chain > width:
+        raise ValueError(f"chain must be a power of two in [1, {width}], not {chain!r}")
 
 
 class BlockAlign(wiring.Component):
@@ -48,18 +63,24 @@ class BlockAlign(wiring.Component):
     Stages: unpack; one pairwise-max level of the exponents per stage; the shift distances;
     the shift; the sign. Latency ``latency(width)``.
 
+    With ``skew`` = C > 1, element j's ``o`` comes ``j mod C`` cycles later than the others
+    (``e`` and ``flags`` do not): the input skew of :class:`IntDot`'s chains of C. Its wait for
+    the block's exponent is that much longer, in the same shift registers (up to 32 stages a
+    LUT), so the skew costs no LUTs; the block's exponent is carried C - 1 registers further.
+
     Members
     -------
     a : ``In(16 * width)``, value 0 in the low bits
     o : ``Out((bits + 1) * width)``; e : ``Out(5)``; flags : ``Out(4 * width)``
     """
 
-    def __init__(self, width, bits):
+    def __init__(self, width, bits, *, skew=1):
         if width < 2 or width & (width - 1):
             raise ValueError(f"width must be a power of two >= 2, not {width!r}")
         if not 11 <= bits <= 32:
             raise ValueError(f"bits must be in [11, 32], not {bits!r}")
-        self.width, self.bits = width, bits
+        _check_chain(width, skew)
+        self.width, self.bits, self.skew = width, bits, skew
         self.LATENCY = self.latency(width)
         super().__init__({"a": In(16 * width), "o": Out((bits + 1) * width), "e": Out(5),
                           "flags": Out(4 * width)})
@@ -96,17 +117,21 @@ class BlockAlign(wiring.Component):
                 m.d.sync += r.eq(Mux(a > b, a, b))
                 nxt.append(r)
             level, k = nxt, k + 1
-        lv = _levels(W)
-        ed = [delay(m, x, lv, name=f"ed{j}_", reset_less=True)[-1] for j, x in enumerate(exp)]
-        md = [delay(m, x, lv + 1, name=f"md{j}_", reset_less=True)[-1] for j, x in enumerate(sig)]
+        lv, C = _levels(W), self.skew
+        sk = [j % C for j in range(W)]
+        ed = [delay(m, x, lv + sk[j], name=f"ed{j}_", reset_less=True)[-1] for j, x in enumerate(exp)]
+        md = [delay(m, x, lv + 1 + sk[j], name=f"md{j}_", reset_less=True)[-1]
+              for j, x in enumerate(sig)]
         fd = [delay(m, x, lv + 3, name=f"fd{j}_", reset_less=True)[-1] for j, x in enumerate(fl)]
-        sd = [delay(m, x, lv + 2, name=f"sd{j}_", reset_less=True)[-1] for j, x in enumerate(neg)]
+        sd = [delay(m, x, lv + 2 + sk[j], name=f"sd{j}_", reset_less=True)[-1]
+              for j, x in enumerate(neg)]
         E = level[0]
         E2 = delay(m, E, 3, name="eout", reset_less=True)
+        Es = [E] + delay(m, E, C - 1, name="eskew", reset_less=True)
         outs = []
         for j in range(W):
             d = Signal(5, name=f"d{j}", reset_less=True)
-            m.d.sync += d.eq(E - ed[j])
+            m.d.sync += d.eq(Es[sk[j]] - ed[j])
             mag = Signal(n, name=f"mag{j}", reset_less=True)
             m.d.sync += mag.eq(Cat(Const(0, n - 11), md[j]) >> d)
             o = Signal(signed(n + 1), name=f"al{j}", reset_less=True)
@@ -120,10 +145,14 @@ class IntDot(wiring.Component):
     """The exact integer dot product of two aligned blocks and IEEE's special result.
 
     ``a`` (``a_bits`` + 1-bit integers) times ``b`` (``b_bits`` + 1), element by element, each
-    product through a multiplier's two pipeline registers (a DSP48E2's M and P), then a
-    pairwise adder tree, one level per stage. Beside it, the elements' classes give IEEE's
-    special result of the exact products: NaN if a NaN or an infinity times a zero is among
-    them, or infinities of both signs; else an infinity of the sign of those present.
+    product registered once (a DSP48E2's M register), then summed along chains of ``chain``
+    products: the chain's k-th multiplier adds its product to the (k-1)-th's registered sum
+    (P = M + PCIN: the DSP48E2's post-adder and cascade, no LUTs), so element j must arrive
+    ``j mod chain`` cycles after the others (:class:`BlockAlign`'s ``skew``); the chains'
+    sums meet in a pairwise adder tree, one level per stage. ``chain`` = 1 is a plain tree.
+    Beside it, the elements' classes (unskewed) give IEEE's special result of the exact
+    products: NaN if a NaN or an infinity times a zero is among them, or infinities of both
+    signs; else an infinity of the sign of those present.
 
     Members
     -------
@@ -132,10 +161,11 @@ class IntDot(wiring.Component):
     o : ``Out(signed(sum_bits))``, ``nan``, ``pinf``, ``ninf`` : ``Out(1)``
     """
 
-    def __init__(self, width, a_bits, b_bits):
-        self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
+    def __init__(self, width, a_bits, b_bits, *, chain=1):
+        _check_chain(width, chain)
+        self.width, self.a_bits, self.b_bits, self.chain = width, a_bits, b_bits, chain
         self.sum_bits = self.bits(width, a_bits, b_bits)
-        self.LATENCY = self.latency(width)
+        self.LATENCY = self.latency(width, chain)
         super().__init__({"a": In((a_bits + 1) * width), "fa": In(4 * width),
                           "b": In((b_bits + 1) * width), "fb": In(4 * width),
                           "o": Out(signed(self.sum_bits)), "nan": Out(1), "pinf": Out(1),
@@ -147,21 +177,25 @@ class IntDot(wiring.Component):
         return a_bits + b_bits + _levels(width) + 1
 
     @staticmethod
-    def latency(width):
-        return 2 + _levels(width)
+    def latency(width, chain=1):
+        """Element 0's arrival to the sum: its product, the chain's ``chain`` sums, the tree."""
+        return 1 + chain + _levels(width // chain)
 
     def elaborate(self, platform):
         m = Module()
-        W, A, B = self.width, self.a_bits + 1, self.b_bits + 1
-        level = []
+        W, A, B, C = self.width, self.a_bits + 1, self.b_bits + 1, self.chain
+        cbits = A + B + _levels(C)          # a chain's sum: |sum| < C * 2^(A + B - 2)
+        level, ends = [], [None] * (W // C)
         pn, pp, pm = [], [], []
         for j in range(W):
             x = self.a[A * j:A * (j + 1)].as_signed()
             y = self.b[B * j:B * (j + 1)].as_signed()
-            p1 = Signal(signed(A + B), name=f"m{j}", reset_less=True)
-            p2 = Signal(signed(A + B), name=f"p{j}", reset_less=True)
-            m.d.sync += [p1.eq(x * y), p2.eq(p1)]
-            level.append(p2)
+            prod = Signal(signed(A + B), name=f"m{j}", reset_less=True)
+            acc = Signal(signed(cbits), name=f"p{j}", reset_less=True)
+            m.d.sync += prod.eq(x * y)
+            c, k = divmod(j, C)
+            m.d.sync += acc.eq(prod if k == 0 else ends[c] + prod)
+            ends[c] = acc
             fx, fy = self.fa[4 * j:4 * (j + 1)], self.fb[4 * j:4 * (j + 1)]
             nan = fx[NAN] | fy[NAN] | (fx[INF] & fy[ZERO]) | (fy[INF] & fx[ZERO])
             inf = (fx[INF] | fy[INF]) & ~nan
@@ -169,7 +203,7 @@ class IntDot(wiring.Component):
             pn.append(nan)
             pp.append(inf & ~neg)
             pm.append(inf & neg)
-        k, bits = 0, A + B
+        level, k, bits = ends, 0, cbits
         while len(level) > 1:
             bits += 1
             nxt = []
@@ -275,31 +309,34 @@ class DotArray(wiring.Component):
     o : ``Out(32 * lanes * reuse)``, token j's lane l in word ``j * lanes + l``
     """
 
-    def __init__(self, *, lanes, width, reuse=1, a_bits=A_BITS, b_bits=B_BITS):
+    def __init__(self, *, lanes, width, reuse=1, a_bits=A_BITS, b_bits=B_BITS, chain=None):
         self.lanes, self.width, self.reuse = lanes, width, reuse
         self.a_bits, self.b_bits = a_bits, b_bits
-        self.LATENCY = self.latency(width, a_bits, b_bits)
+        self.chain = chain_length(width) if chain is None else chain
+        self.LATENCY = self.latency(width, a_bits, b_bits, self.chain)
         super().__init__({"w": In(16 * width * lanes), "x": In(16 * width * reuse),
                           "o": Out(32 * lanes * reuse)})
 
     @staticmethod
-    def latency(width, a_bits=A_BITS, b_bits=B_BITS):
-        return BlockAlign.latency(width) + DotLane.latency(width, a_bits, b_bits)
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS, chain=None):
+        return BlockAlign.latency(width) + DotLane.latency(width, a_bits, b_bits, chain)
 
     def elaborate(self, platform):
         m = Module()
         W, L, rowbits = self.width, self.lanes, 16 * self.width
         xals = []
         for j in range(self.reuse):
-            m.submodules[f"xal{j}" if self.reuse > 1 else "xal"] = xal = BlockAlign(W, self.a_bits)
+            m.submodules[f"xal{j}" if self.reuse > 1 else "xal"] = xal = BlockAlign(
+                W, self.a_bits, skew=self.chain)
             m.d.comb += xal.a.eq(self.x[rowbits * j:rowbits * (j + 1)])
             xals.append(xal)
         for lane in range(L):
-            m.submodules[f"wal{lane}"] = wal = BlockAlign(W, self.b_bits)
+            m.submodules[f"wal{lane}"] = wal = BlockAlign(W, self.b_bits, skew=self.chain)
             m.d.comb += wal.a.eq(self.w[rowbits * lane:rowbits * (lane + 1)])
             for j, xal in enumerate(xals):
                 name = f"lane{lane}" if self.reuse == 1 else f"lane{lane}_t{j}"
-                m.submodules[name] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits)
+                m.submodules[name] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits,
+                                                  chain=self.chain)
                 k = j * L + lane
                 m.d.comb += [dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
                              dl.b.eq(wal.o), dl.fb.eq(wal.flags), dl.eb.eq(wal.e),
@@ -318,21 +355,23 @@ class DotLane(wiring.Component):
     o : ``Out(32)``
     """
 
-    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS):
+    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS, chain=None):
         self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
-        self.LATENCY = self.latency(width, a_bits, b_bits)
+        self.chain = chain_length(width) if chain is None else chain
+        self.LATENCY = self.latency(width, a_bits, b_bits, self.chain)
         super().__init__({"a": In((a_bits + 1) * width), "fa": In(4 * width), "ea": In(5),
                           "b": In((b_bits + 1) * width), "fb": In(4 * width), "eb": In(5),
                           "o": Out(32)})
 
     @staticmethod
-    def latency(width, a_bits=A_BITS, b_bits=B_BITS):
-        return IntDot.latency(width) + BfpToFp32.latency(IntDot.bits(width, a_bits, b_bits))
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS, chain=None):
+        chain = chain_length(width) if chain is None else chain
+        return IntDot.latency(width, chain) + BfpToFp32.latency(IntDot.bits(width, a_bits, b_bits))
 
     def elaborate(self, platform):
         m = Module()
         W = self.width
-        m.submodules.dot = dot = IntDot(W, self.a_bits, self.b_bits)
+        m.submodules.dot = dot = IntDot(W, self.a_bits, self.b_bits, chain=self.chain)
         # value = sum * 2^(ea + eb - 28 - a_bits - b_bits)
         m.submodules.cvt = cvt = BfpToFp32(dot.sum_bits, 6, 28 + self.a_bits + self.b_bits)
         esum = Signal(6, name="esum", reset_less=True)

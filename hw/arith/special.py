@@ -93,12 +93,16 @@ def build_rsqrt(p, x):
     return p.comb(finish, x, y)
 
 
-def build_gelu(p, x):
-    """GELU, tanh form, as x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3)."""
+def build_gelu(p, x, *, exp=build_exp, recip=build_recip):
+    """GELU, tanh form, as x / (1 + e^(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3).
+
+    ``exp`` and ``recip`` build e^v and 1/v (``(p, node) -> node``): inline by default; a
+    vector lane passes its own EXP and RECIP units instead (hw/core/vpu_lanes.py), which a
+    GELU pass has to itself."""
     c = p.const
     x3 = p.mul(p.mul(x, x), x)
     v = p.mul(p.add(x, p.mul(x3, c(ref.GELU_C))), c(ref.GELU_NEG_2S))
-    g = p.mul(x, build_recip(p, p.add(build_exp(p, v), c(ref.ONE))))
+    g = p.mul(x, recip(p, p.add(exp(p, v), c(ref.ONE))))
     return p.comb(lambda xv, gv: Mux(xv == 0xFF800000, 0x80000000, gv), x, g)
 
 

@@ -7,8 +7,8 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.pipe import delay
-from hw.arith.special import Exp, Gelu, Recip, Rsqrt
+from hw.arith.pipe import Node, Pipeline, delay
+from hw.arith.special import Exp, Gelu, Recip, Rsqrt, build_gelu
 from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
 from hw.isa import VOPS
 
@@ -17,9 +17,10 @@ __all__ = ["NEG_ZERO", "NEG_INF", "UNIT_TYPES", "TYPE_CODE", "VOP_TYPE", "VpuLan
 NEG_ZERO = 0x80000000
 NEG_INF = 0xFF800000
 
-# The functional units of a lane by type (PASS: MOV and MASK, one register).
+# The functional units of a lane by type (PASS: MOV and MASK, one register; GELU: its own
+# front and back around the lane's EXP and RECIP units).
 UNITS = {"ADD": Fp32Add, "MUL": Fp32Mul, "MAX": Fp32Max, "EXP": Exp, "RECIP": Recip,
-         "RSQRT": Rsqrt, "GELU": Gelu, "CVT": Fp32ToFp16}
+         "RSQRT": Rsqrt, "CVT": Fp32ToFp16}
 # Unit types and their latencies; a type's code is its place here.
 UNIT_TYPES = {
     "ADD": Fp32Add.LATENCY, "MUL": Fp32Mul.LATENCY, "MAX": Fp32Max.LATENCY, "PASS": 1,
@@ -38,7 +39,11 @@ class VpuLane(wiring.Component):
     """One lane: all its units fed ``a`` (and ``b``) every cycle, the result chosen by type.
 
     Units have no enable: a result is the unit's output at its latency (``UNIT_TYPES``) after
-    the operands; PASS is one register (``a``, or -inf where ``masked``).
+    the operands; PASS is one register (``a``, or -inf where ``masked``). GELU has no unit of
+    its own: its polynomial front feeds the EXP unit and its ``+ 1`` the RECIP unit while
+    ``utype`` is GELU (the sequencer drains the lanes between passes, so a pass has the
+    lane's units to itself); same operations, same stages as :class:`hw.arith.special.Gelu`,
+    for about half its LUTs.
 
     Members
     -------
@@ -60,13 +65,28 @@ class VpuLane(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        outs = {}
+        outs, units = {}, {}
         for t, cls in UNITS.items():
-            m.submodules[t.lower()] = u = cls()
-            m.d.comb += u.a.eq(self.a)
+            m.submodules[t.lower()] = u = units[t] = cls()
+            if t not in ("EXP", "RECIP"):
+                m.d.comb += u.a.eq(self.a)
             if hasattr(u, "b"):
                 m.d.comb += u.b.eq(self.b)
             outs[t] = u.o
+        gelu = Signal(name="gelu_pass")
+        m.d.comb += gelu.eq(self.utype == TYPE_CODE["GELU"])
+
+        def shared(t):
+            def build(p, node):
+                u = units[t]
+                m.d.comb += u.a.eq(Mux(gelu, p.at(node, node.stage), self.a))
+                return Node(u.o, node.stage + u.LATENCY)
+            return build
+
+        p = Pipeline(m, name="gelu")
+        out = build_gelu(p, p.input(self.a), exp=shared("EXP"), recip=shared("RECIP"))
+        assert out.stage == Gelu.LATENCY, (out.stage, Gelu.LATENCY)
+        outs["GELU"] = out.value
         outs["PASS"] = Signal(32, name="pass", reset_less=True)
         m.d.sync += outs["PASS"].eq(Mux(self.masked, NEG_INF, self.a))
         with m.Switch(self.utype):

@@ -85,9 +85,9 @@ class CoreConfig:
     lanes: int = _spec(int, "matrix unit lanes: output rows computed in parallel", lo=1, hi=64)
     width: int = _spec(int, "matrix unit dot-product width: inputs per lane per cycle",
                        lo=2, hi=256, pow2=True)
-    # int8 weights (one scale per row) come with matrix unit v2: until the compiler quantizes
-    # them and the card computes with them, an int8 build is refused here.
-    weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16",))
+    # int8 weights, a power-of-two scale per row (docs/numerics.md): a tile (one stripe row)
+    # holds 2 x lanes rows of int8 instead of lanes rows of fp16; the K and V caches stay fp16.
+    weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8"))
     vector_lanes: int = _spec(int, "vector unit lanes: fp32 elements per cycle (divides lanes)",
                               lo=1, hi=64, pow2=True)
     vsp_words: int = _spec(int, "vector scratchpad capacity in fp32 words", lo=1024, hi=1 << 16,
@@ -107,6 +107,11 @@ class CoreConfig:
     @property
     def weight_bytes(self) -> int:
         return {"fp16": 2, "int8": 1}[self.weight_dtype]
+
+    @property
+    def tile_rows(self) -> int:
+        """Rows of a weight matrix's tile: lanes (fp16), 2 x lanes (int8); width columns."""
+        return self.lanes * (2 if self.weight_dtype == "int8" else 1)
 
 
 @dataclass(frozen=True)
@@ -165,6 +170,11 @@ class ApplianceConfig:
                 f"{self.core.weight_dtype} weights = {need} bytes/cycle; allowed: exactly what "
                 f"hbm.channels x hbm.data_bits/8 = {self.hbm.channels} x {self.hbm.data_bits // 8}"
                 f" = {have} bytes/cycle deliver (one weight tile is one stripe of all channels)")
+        if self.core.weight_dtype == "int8" and self.core.reuse < 2:
+            raise ConfigError(
+                f"core.weight_dtype: got 'int8' with core.reuse {self.core.reuse}; allowed: int8 "
+                f"with core.reuse >= 2 (an int8 tile's second lanes rows take the dot products "
+                f"of the second token's lanes)")
         if self.core.lanes % self.core.vector_lanes:
             raise ConfigError(
                 f"core.vector_lanes: got {self.core.vector_lanes}; allowed: a divisor of "
@@ -213,8 +223,9 @@ class ApplianceConfig:
 
     @property
     def weight_bytes_per_cycle(self) -> int:
-        """Weight bytes the matrix unit consumes per cycle at full rate (a tile a cycle)."""
-        return self.core.lanes * self.core.width * self.core.weight_bytes
+        """Weight bytes the matrix unit consumes per cycle at full rate (a tile a cycle: lanes
+        x width fp16, or 2 x lanes x width int8)."""
+        return self.core.tile_rows * self.core.width * self.core.weight_bytes
 
     @property
     def hbm_beat_bytes(self) -> int:

@@ -270,6 +270,18 @@ class Appliance:
         return self
 
     # -- generation ----------------------------------------------------------------------------
+    @property
+    def quant_error(self):
+        """With int8 weights (``core.weight_dtype``), the quantization's relative error per
+        weight row, |w - q scale| / |w|, over every card's matrices: (largest, mean); None with
+        fp16 weights. Compiles the model if it is not yet."""
+        self.prepare()
+        parts = [q for cm in self._cards.cms for q in cm.img.quant]
+        if not parts:
+            return None
+        return (round(max(q[0] for q in parts), 6),
+                round(sum(q[1] for q in parts) / sum(q[2] for q in parts), 6))
+
     def encode(self, prompt):
         """Token ids of a text prompt (UserError without a tokenizer)."""
         if not isinstance(prompt, str):

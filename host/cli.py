@@ -593,6 +593,10 @@ def cmd_run(args):
         with atomic_output(args.dump_logits, flag="--dump-logits") as f:
             np.save(f, result.logits)
     doc = {"backend": args.backend, "config": app.config.name, "cards": app.cards, **result.to_dict()}
+    quant = app.quant_error
+    if quant is not None:
+        doc["weights"] = {"dtype": "int8", "quant_max_rel_error": quant[0],
+                          "quant_mean_rel_error": quant[1]}
     if args.json:
         print(json.dumps(doc))
         return 0
@@ -615,7 +619,11 @@ def cmd_run(args):
           f"({_fmt(s['modelled_decode_ms_per_token'])} ms at {mhz:g} MHz)")
     print(f"   HBM bytes per decode token: {_fmt(s['hbm_bytes_per_token'])}; simulation wall time "
           f"per decode token: {_fmt(s['wall_seconds_per_decode_token'], ' s')}")
+    if quant is not None:
+        print(f"   int8 weights (quantized by the compiler, a power-of-two scale per row): relative "
+              f"error per row |w - q s| / |w| largest {quant[0]:.2e}, mean {quant[1]:.2e}")
     return 0
+
 
 
 def cmd_perf(args):

@@ -277,22 +277,33 @@ class CardModel:
                 dma_done = dma_done[1 - DMA_RD_QUEUE:] + [done]
             elif op == "MATVEC":
                 rb, cb, T, grp = f["rb"], f["cb"], f["tokens"], f["group"]
-                k = rb * cb
+                # i8 (a what-if until the matrix unit computes int8: docs/performance.md): a
+                # tile is 2L rows, a token takes two of the R dot products of each lane, and
+                # each group starts with its row of scales (one step)
+                i8 = f.get("i8", 0)
+                lpr = self.lpr * (2 if i8 else 1)
+                k = rb * cb + (-(-rb // grp) if i8 else 0)
                 first = max(t + 1 + o.mpu_start, mpu_last_step + 1)
                 if f["bias_en"]:
-                    first += min(grp, rb) * self.lpr + 2
+                    first += min(grp, rb) * lpr + 2
                 # the tiles of this MATVEC in stream order, and the minimum spacing of steps
                 gaps = []
-                per = -(-T // self.R)           # cycles a tile is held: ceil(T / R)
+                # cycles a tile is held: ceil(T / R), with i8 ceil(2T / R)
+                per = -(-T // (self.R // 2)) if i8 else -(-T // self.R)
+                hold = per
                 for g0 in range(0, rb, grp):
                     gs = min(grp, rb - g0)
                     geff = gs * per
+                    if i8:
+                        gaps.append(hold)
+                        hold = 1
                     for c in range(cb):
                         for r in range(gs):
                             if r == 0 and c > 0 and geff < ACC_REUSE:
                                 gaps.append(per + ACC_REUSE - geff)
                             else:
-                                gaps.append(per)
+                                gaps.append(hold)
+                            hold = per
                 gaps = np.array(gaps, np.int64)
                 gaps[0] = 0
                 avail = tile_in[claimed:claimed + k] + WFIFO_IN_TO_POP
@@ -303,8 +314,8 @@ class CardModel:
                 last = int(steps[-1]) + per - 1
                 mpu_last_step = last
                 unit_free["mpu"] = last + 1
-                outs = rb * T * self.lpr
-                done = max(last + self.X + ADD_LAT + o.mpu_tail + self.lpr,
+                outs = rb * T * lpr
+                done = max(last + self.X + ADD_LAT + o.mpu_tail + lpr,
                            first + self.X + ADD_LAT + outs)
                 busy["mpu"] += max(0, done - max(first, mpu_busy_until))   # union of MATVECs
                 mpu_busy_until = max(mpu_busy_until, done)
@@ -333,7 +344,7 @@ class CardModel:
             return [("hbm", f["row"], f["row"] + f["tiles"])], []
         if op == "MATVEC":
             T = f["tokens"]
-            rbl = f["rb"] * self.L
+            rbl = f["rb"] * self.L * (2 if f.get("i8", 0) else 1)
             reads = [("xb", f["xb"], f["xb"] + (T - 1) * f["xstride"] + f["cb"] * self.W)]
             if f["bias_en"]:
                 reads.append(("vsp", f["bias"], f["bias"] + rbl))
@@ -551,7 +562,7 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
     decode = c.curve(1, prompt, prompt + steps - 1).sum() if steps else 0.0
     per_tok = decode / steps if steps else c.at(1, min(prompt, shape.n_positions - 1))
     clock = cfg.clock_mhz * 1e3                       # cycles per ms
-    weights = _weight_bytes(shape)
+    weights = _weight_bytes(shape, cfg.core.weight_bytes)
     ideal = weights / cards / cfg.hbm_bytes_per_cycle  # a card's share at the HBM's peak
     return {
         "cards": cards, "clock_mhz": cfg.clock_mhz, "prompt_tokens": prompt,
@@ -567,9 +578,9 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
     }
 
 
-def _weight_bytes(shape):
-    """fp16 bytes of the weight matrices a decode step streams (the four per layer and the LM
-    head), the HBM roofline's numerator."""
+def _weight_bytes(shape, nbytes=2):
+    """Bytes of the weight matrices a decode step streams (the four per layer and the LM head;
+    ``nbytes`` a weight: 2 fp16, 1 int8), the HBM roofline's numerator."""
     d, F = shape.d_model, shape.d_ff
     per_layer = 3 * d * d + d * d + 2 * d * F
-    return 2 * (shape.n_layer * per_layer + shape.vocab * d)
+    return nbytes * (shape.n_layer * per_layer + shape.vocab * d)

@@ -99,12 +99,20 @@ FORMATS = (
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),
         F("tt", 1, "the tiles are stored transposed: element (r, c) of a tile at c*lanes + r "
                    "(the V cache's layout, where a new position's column is contiguous)"),
+        F("i8", 1, "the tiles are int8 weights with a scale per row (core.weight_dtype int8 "
+                   "builds; not with tt)"),
     ), "For each token t and row r < rb*lanes: VSP[dst + t*dstride + r] = bias[r] + sum over "
        "column blocks c of dot(W[r, cW:(c+1)W], XB[xb + t*xstride + cW : ...]) (the block "
        "floating-point dot product of docs/numerics.md, fp32), consuming "
        "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "
        "group, column block by column block; within that, row block by row block. group x "
-       f"tokens <= {ACC_DEPTH} (the accumulator depth)."),
+       f"tokens <= {ACC_DEPTH} (the accumulator depth). With i8 a tile (a stripe row) holds "
+       "2*lanes rows of width int8 weights, row r at bytes [r*width, (r+1)*width), so a row "
+       "block is 2*lanes rows (r < rb*2*lanes), and each group's tiles are preceded in the "
+       "stream by one stripe row of its rows' scales, one byte E a row (the scale is "
+       "2^(E - 127)): rb*cb + ceil(rb/group) tiles, group*2*lanes <= the stripe's bytes; "
+       "each column block's dot is the exact integer sum of the weights times the "
+       "block-aligned activations, scaled, rounded once to fp32 (docs/numerics.md)."),
     Format("VEC", 7, "vpu", (
         F("vop", 5, "vector operation (VOPS)"),
         F("dst", 16, "destination word (VSP, or XB for CVT16)"),

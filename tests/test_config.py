@@ -66,9 +66,9 @@ CASES = {
                      ["hbm.channels: got 33", "integer in [1, 32]"]),
     "bad_choice": (lambda d: d["core"].__setitem__("weight_dtype", "bf16"),
                    ["core.weight_dtype: got 'bf16'", "allowed: one of 'fp16'"]),
-    # int8 weights are refused until the compiler quantizes them and the card computes them
-    "int8_not_built": (lambda d: d["core"].__setitem__("weight_dtype", "int8"),
-                       ["core.weight_dtype: got 'int8'", "allowed: one of 'fp16'"]),
+    # int8 weights: a token takes two of a lane's R dot products
+    "int8_reuse_1": (lambda d: d["core"].update(weight_dtype="int8", reuse=1),
+                     ["core.weight_dtype: got 'int8' with core.reuse 1", "core.reuse >= 2"]),
     "not_pow2": (lambda d: d["core"].__setitem__("width", 24), ["core.width: got 24", "power of two"]),
     # weight reuse: R token vectors a step, at most the MATVEC's tokens (the ISA's 4-bit field)
     "reuse_not_pow2": (lambda d: d["core"].__setitem__("reuse", 3), ["core.reuse: got 3", "power of two"]),

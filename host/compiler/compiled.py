@@ -87,8 +87,13 @@ class CompiledModel:
         check_limits(cfg, sh)
         self.part = Partition.of(sh, card=card, cards=cards, lanes=c.lanes)
         largest, mine = self.part.largest, self.part.mine
-        self.dims = Dims.of(sh, c.lanes, c.width, H=mine.H, F=mine.F, V=mine.V)
-        self.plan = choose(cfg, sh, Dims.of(sh, c.lanes, c.width, H=largest.H, F=largest.F, V=largest.V),
+        if c.width % c.tile_rows:
+            raise UserError(f"core.width: got {c.width}; allowed with {c.weight_dtype} weights: a "
+                            f"multiple of a tile's {c.tile_rows} rows (the compiler pads vectors "
+                            f"to whole column blocks)")
+        self.dims = Dims.of(sh, c.lanes, c.width, H=mine.H, F=mine.F, V=mine.V, tile_rows=c.tile_rows)
+        self.plan = choose(cfg, sh, Dims.of(sh, c.lanes, c.width, H=largest.H, F=largest.F, V=largest.V,
+                                            tile_rows=c.tile_rows),
                            self.dims, cards=cards, all_logits=all_logits, max_tokens=max_tokens,
                            param_areas=param_areas)
         self.kv = KvLayout.of(self.dims, c.lanes, c.width, sh.n_positions)

@@ -19,7 +19,7 @@ from hw.isa import ACC_DEPTH, encode
 
 from ..errors import UserError
 from .image import LayerRows
-from .layout import GROUP, round_up
+from .layout import GROUP, round_up, stream_tiles
 from .schedule import Job, chunk_blocks, matrix_chunks, place_wloads
 
 __all__ = ["Emitter"]
@@ -82,6 +82,9 @@ class Emitter:
         self.all_logits, self.dump_hidden = cm.all_logits, cm.dump_hidden
         c = cm.cfg.core
         self.L, self.W, self.P, self.S = c.lanes, c.width, c.vector_lanes, cm.cfg.stripe_bytes
+        # weight matrices: tiles of LW rows, int8 with a row of scales per group (i8); the
+        # K and V caches: fp16 tiles of L rows
+        self.LW, self.i8 = c.tile_rows, c.weight_dtype == "int8"
         self.fifo = c.weight_fifo_tiles
         self.tokens, self.pos0 = tokens, pos0
         self.T = len(tokens)
@@ -137,39 +140,48 @@ class Emitter:
         row, rb, cb = m
         T = self.T if tokens is None else tokens
         group = min(group, ACC_DEPTH // T)
+        i8 = self.i8 and not kv
+        L = self.LW if not kv else self.L
+        assert not i8 or group == GROUP, group     # (the image's scale rows are per GROUP)
         if kv:
             chunks = [(0, rb)]
         else:
-            chunks = matrix_chunks(rb, cb, group=group, fifo_tiles=self.fifo, L=self.L, W=self.W,
-                                   short_tail=short_tail)
+            chunks = matrix_chunks(rb, cb, group=group, fifo_tiles=self.fifo, L=L, W=self.W,
+                                   short_tail=short_tail, i8=i8)
         prev = None
         for r0, n in chunks:
             # (a job's tiles follow the matrix's stream order only from a group's start)
             assert kv or r0 % group == 0, (r0, group)
-            if n * cb > self.fifo:
-                raise UserError(f"model: {n * cb} tiles in one MATVEC exceed the weight FIFO's "
+            tiles = stream_tiles(n, cb, group, i8)
+            if tiles > self.fifo:
+                raise UserError(f"model: {tiles} tiles in one MATVEC exceed the weight FIFO's "
                                 f"{self.fifo} (core.weight_fifo_tiles)")
-            f = dict(xb=xb, dst=dst + r0 * self.L, rb=n, cb=cb, group=group, tokens=T,
+            f = dict(xb=xb, dst=dst + r0 * L, rb=n, cb=cb, group=group, tokens=T,
                      xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
-                     bias=(bias + r0 * self.L) if bias is not None else 0, bias_en=int(bias is not None),
-                     tt=tt)
-            runs = kv if kv else [(row + r0 * cb, n * cb)]
-            self.out.append(Job(tuple(runs), n * cb, f, max(self.w_ready, self.kv_ready if kv else 0)))
+                     bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None),
+                     tt=tt, i8=int(i8))
+            runs = kv if kv else [(self._block_row(row, r0, cb, i8), tiles)]
+            self.out.append(Job(tuple(runs), tiles, f, max(self.w_ready, self.kv_ready if kv else 0)))
             if first is not None and prev is None:
                 first()
             if then is not None and prev is not None:
-                self._then(then, T, prev)
+                self._then(then, T, prev, L)
             prev = (r0, n)
         if then is not None:
             if defer_last:
-                return partial(self._then, then, T, prev)
-            self._then(then, T, prev)
+                return partial(self._then, then, T, prev, L)
+            self._then(then, T, prev, L)
         return None
 
-    def _then(self, then, T, chunk):
+    @staticmethod
+    def _block_row(row, r0, cb, i8):
+        """The stream row of row block r0 (a group's first) of a matrix stored from ``row``."""
+        return row + r0 * cb + (r0 // GROUP if i8 else 0)
+
+    def _then(self, then, T, chunk, L):
         r0, n = chunk
         for t in range(T):
-            then(t, r0 * self.L, n * self.L)
+            then(t, r0 * L, n * L)
 
     # -- LayerNorm folded into the next matrix --------------------------------------------------
     def ln_fixup(self, t, y, n, bias, x16=None):
@@ -403,9 +415,10 @@ class Emitter:
         image stores it so (schedule.mlp_proj_split): the first, over the columns of all but
         c_fc's last chunk, runs while the vector unit takes that chunk's GELU."""
         fc, fS = st.rows.fc, self.dims.fS
-        gelu = partial(self._fc_gelu, fc.rb * self.L, chunk_blocks(fc.cb, self.fifo) * self.L)
+        LW = self.LW
+        gelu = partial(self._fc_gelu, fc.rb * LW, chunk_blocks(fc.cb, self.fifo, GROUP, self.i8) * LW)
         tail = self.ln_matvec(fc, self.b.v_h, fS, st.biases[2], gelu, defer_last=True)
-        fc_tail = partial(self._fc_tail, tail, fc.rb * self.L)
+        fc_tail = partial(self._fc_tail, tail, fc.rb * LW)
         if len(st.rows.fc2) == 2:     # after the first part's first MATVEC: it does not read them
             self.projection(st.rows.fc2, self.b.x_h, fS, st.biases[3], first=fc_tail)
         else:                         # (in-order issue: a later writer would not hold it back)
@@ -421,9 +434,12 @@ class Emitter:
         """c_fc's chunk work: GELU over two chunks at once (its pipeline is long: GELU_LAT
         cycles a pass, host/perf.py), but the last chunk and one before it alone, so that
         mlp.c_proj's first part does not wait for the last chunk."""
-        if r + n >= fc_rows or r + n + crow >= fc_rows:
+        i, last = r // crow, -(-fc_rows // crow) - 1
+        if i >= last - 1:
+            if i % 2 and i - 1 < last - 1:      # the chunk before waited to pair with this one
+                self.gelu(t, r - crow, crow)
             self.gelu(t, r, n)
-        elif (r // crow) % 2:
+        elif i % 2:
             self.gelu(t, r - crow, n + crow)
 
     def _fc_tail(self, tail, fc_rows):
@@ -494,7 +510,7 @@ class Emitter:
         logits. With all_logits every token's logits, in one buffer; else (generation) the
         last token's, by chunks of the Placement's two buffers: one chunk's logits are
         STOREd while the next computes."""
-        b, T, L, rows, dims = self.b, self.T, self.L, self.hbm, self.dims
+        b, T, L, rows, dims = self.b, self.T, self.LW, self.hbm, self.dims
         head = rows.head
         if self.all_logits:
             self.e("LOAD", vsp=b.v_hbias, n=dims.vS, row=rows.head_bias_row, f32=1)
@@ -507,7 +523,7 @@ class Emitter:
             hb = b.v_hbias[k % 2]
             out = _LogitsBuffer(b.v_logits[k % 2], r0 * L, n * L)
             self.e("LOAD", vsp=hb, n=n * L, row=rows.head_bias_row + r0 * L // per_row, f32=1)
-            m = (head.row + r0 * head.cb, n, head.cb)
+            m = (self._block_row(head.row, r0, head.cb, self.i8), n, head.cb)
             tail = k == len(chunks) - 1         # (what the last job's work costs shows)
             if k == 0:
                 self.ln_matvec(m, out.buf, 0, hb, partial(self._store_logits, out), toks=[T - 1],

@@ -24,7 +24,8 @@ from hw.isa import FORMATS
 from ..errors import UserError
 from ..stripes import write_stripes
 from . import weights as wts
-from .layout import GROUP, round_up, tiles_in_stream_order
+from .layout import GROUP, i8_stream, round_up, stream_tiles, tiles_in_stream_order
+from .quant import quantize_rows
 from .schedule import mlp_proj_split
 
 __all__ = ["HbmImage", "Matrix", "LayerRows", "HbmLayout", "build_image", "ROW_BITS", "PROGRAM_GAP_ROWS"]
@@ -51,6 +52,24 @@ class HbmImage:
         self.S = cfg.stripe_bytes
         self.next_row = 0
         self.parts = []          # (row, bytes)
+        self.quant = []          # int8 weights: (largest, sum, rows) of relative errors per row
+
+    def note_quant(self, w, q, e):
+        """Record a quantized matrix's error: per row, |w - q scale| / |w| (norms of the row),
+        the rows that are not all zero."""
+        w = np.asarray(w, np.float64)
+        deq = q.astype(np.float64) * np.exp2(e.astype(np.float64) - 127)[:, None]
+        norm = np.linalg.norm(w, axis=1)
+        keep = norm > 0
+        rel = np.linalg.norm(w - deq, axis=1)[keep] / norm[keep]
+        if rel.size:
+            self.quant.append((float(rel.max()), float(rel.sum()), int(rel.size)))
+
+    def quant_error(self):
+        """(largest, mean) relative error per row over every int8 matrix, or None."""
+        if not self.quant:
+            return None
+        return max(q[0] for q in self.quant), sum(q[1] for q in self.quant) / sum(q[2] for q in self.quant)
 
     def alloc(self, nbytes, data=None):
         """(first row, rows) of ``nbytes`` bytes (at least one row), holding ``data`` if given."""
@@ -128,9 +147,28 @@ class HbmLayout:
     prog_addr: int
 
 
-def _matrix(img, L, W, rows, cols, mat):
+def _matrix(img, L, W, rows, cols, mat, *, folded=False):
     """Allocate a [rows, cols] weight matrix in stream order holding ``mat`` (None: its rows
-    only)."""
+    only): fp16 tiles of L rows, or with int8 weights (``img.cfg``) tiles of 2L rows and each
+    group's row of scales (``layout.i8_stream``), the matrix quantized row by row
+    (``quant.quantize_rows``; its errors kept in ``img.quant``). A LayerNorm-``folded``
+    matrix keeps its rows' zero sums through the rounding, so that x's mean still drops out
+    (``weights.fold_layer_norm``; docs/numerics.md)."""
+    if img.cfg.core.weight_dtype == "int8":
+        L2 = 2 * L
+        rb, cb = -(-rows // L2), -(-cols // W)
+        if mat is None:
+            row, _ = img.alloc(stream_tiles(rb, cb, GROUP, True) * img.S)
+            return Matrix(row, rb, cb)
+        assert mat.shape == (rows, cols), (mat.shape, rows, cols)
+        try:
+            q, e = quantize_rows(mat, keep_sum=folded)
+        except ValueError as err:
+            raise UserError(f"model: a {rows} x {cols} weight matrix cannot be quantized to int8: {err}") from None
+        img.note_quant(mat, q, e)
+        data, rb, cb = i8_stream(q, e, L2, W, GROUP, img.S)
+        row, _ = img.alloc(data.nbytes, data)
+        return Matrix(row, rb, cb)
     rb, cb = -(-rows // L), -(-cols // W)
     if mat is None:
         row, _ = img.alloc(rb * cb * L * W * 2)
@@ -146,11 +184,12 @@ def _layer(img, cfg, shape, w, i, part, dims, params):
     L, W, d, F = cfg.core.lanes, cfg.core.width, shape.d_model, part.mine.F
     some = w is not None
     wqkv, bqkv = wts.c_attn(w, i, shape, part, dims) if some else (None, None)
-    qkv = _matrix(img, L, W, 2 * dims.dq + dims.dv, d, wqkv)
+    qkv = _matrix(img, L, W, 2 * dims.dq + dims.dv, d, wqkv, folded=True)
     proj = _matrix(img, L, W, d, dims.dq, wts.attn_proj(w, i, shape, part, dims) if some else None)
     wfc, bfc = wts.c_fc(w, i, part) if some else (None, None)
-    fc = _matrix(img, L, W, F, d, wfc)
-    fa = mlp_proj_split(F, d, L, W, cfg.core.weight_fifo_tiles)
+    fc = _matrix(img, L, W, F, d, wfc, folded=True)
+    i8 = cfg.core.weight_dtype == "int8"
+    fa = mlp_proj_split(F, d, cfg.core.tile_rows, W, cfg.core.weight_fifo_tiles, i8)
     fc2 = tuple((_matrix(img, L, W, d, c1 - c0, wts.mlp_proj(w, i, part, c0, c1) if some else None), c0)
                 for c0, c1 in ((0, fa), (fa, F)) if c1 > c0)
     vec = params.pack(wts.layer_params(w, i, bqkv, bfc)) if some else None
@@ -177,7 +216,7 @@ def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits):
         emb[name], _ = img.alloc(count * tok_rows * S, table)
     layers = [_layer(img, cfg, shape, w, i, part, dims, params) for i in range(shape.n_layer)]
     wh, hbias = wts.lm_head(w, part, dims) if w is not None else (None, None)
-    head = _matrix(img, L, W, part.mine.V, d, wh)
+    head = _matrix(img, L, W, part.mine.V, d, wh, folded=True)
     head_bias_row, _ = img.alloc(dims.vS * 4, hbias)
     kv0 = img.next_row
     caches = [(img.alloc(kv.k_rows * S)[0], img.alloc(kv.v_rows * S)[0]) for _ in layers]

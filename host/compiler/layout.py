@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GROUP", "round_up", "tiles_in_stream_order", "Dims", "KvLayout", "ParamLayout",
+__all__ = ["GROUP", "round_up", "tiles_in_stream_order", "i8_stream", "stream_tiles", "Dims", "KvLayout", "ParamLayout",
            "param_align"]
 
 GROUP = 8           # row blocks per group: >= the accumulator's reuse distance (Fp32Add + 2)
@@ -45,6 +45,38 @@ def tiles_in_stream_order(mat, L, W, group):
     order = [(r, c) for g0 in range(0, rb, group) for c in range(cb)
              for r in range(g0, min(g0 + group, rb))]
     return np.stack([blocks[r, c] for r, c in order]), rb, cb
+
+
+def i8_stream(q, e, rows, W, group, S):
+    """int8 matrix q [n, cols] with its rows' scale exponents e [n] -> (stream uint8 [k, S], rb,
+    cb): the tiles of ``rows`` rows by W columns (row-major bytes) in the MATVEC stream order of
+    ``tiles_in_stream_order``, each group's tiles preceded by one stripe row (S bytes) holding
+    its rows' exponents, a byte a row (hw/isa.py MATVEC.i8). Padding rows are zero with scale
+    exponent 127 (a scale of 1)."""
+    n, cols = q.shape
+    R, C = round_up(n, rows), round_up(cols, W)
+    if group * rows > S:
+        raise ValueError(f"a group's {group * rows} scales exceed a stripe row of {S} bytes")
+    pad = np.zeros((R, C), np.int8)
+    pad[:n, :cols] = q
+    ep = np.full(R, 127, np.uint8)
+    ep[:n] = e
+    rb, cb = R // rows, C // W
+    blocks = pad.reshape(rb, rows, cb, W).transpose(0, 2, 1, 3)     # [rb, cb, rows, W]
+    out = []
+    for g0 in range(0, rb, group):
+        g1 = min(g0 + group, rb)
+        head = np.zeros(S, np.uint8)
+        head[:(g1 - g0) * rows] = ep[g0 * rows:g1 * rows]
+        out.append(head)
+        out += [blocks[r, c].view(np.uint8).reshape(-1) for c in range(cb) for r in range(g0, g1)]
+    return np.stack(out), rb, cb
+
+
+def stream_tiles(rb, cb, group, i8):
+    """Stripe rows of a matrix of rb x cb tiles in the stream: its tiles, and with ``i8`` a
+    row of scales before each group's."""
+    return rb * cb + (-(-rb // group) if i8 else 0)
 
 
 @dataclass(frozen=True)
@@ -93,16 +125,18 @@ class Dims:
     vS: int
 
     @classmethod
-    def of(cls, shape, L, W, *, H, F, V):
+    def of(cls, shape, L, W, *, H, F, V, tile_rows=None):
         """The dims of a share of ``H`` heads, ``F`` MLP columns and ``V`` vocabulary entries
-        of a model of shape ``shape`` on a core of L lanes and width W."""
+        of a model of shape ``shape`` on a core of L lanes and width W (weight tiles of
+        ``tile_rows`` rows, L by default; 2L with int8 weights: the logits' stride is whole
+        tiles of rows)."""
         hdp = round_up(shape.head_dim, W)
         hvp = hdp + L
         dq, dv = H * hdp, H * hvp
         return cls(H=H, F=F, V=V, hdp=hdp, hvp=hvp, dS=round_up(shape.d_model, W),
                    nS=round_up(shape.n_positions, max(W, L * GROUP)), dq=dq, dv=dv,
                    qS=round_up(2 * dq + dv, W), aS=round_up(dv, W), fS=round_up(F, W),
-                   vS=round_up(V, L))
+                   vS=round_up(V, tile_rows or L))
 
     @property
     def k_off(self):

@@ -262,7 +262,7 @@ def _head_buffers(cfg, dims, v):
     blocks and stripe rows, whose four buffers (two each: one chunk's logits are stored while
     the next is computed) fit; the biases in other segments than the logits if that can be
     (their ADD reads both)."""
-    unit = int(np.lcm(cfg.core.lanes * GROUP, cfg.stripe_bytes // 4))
+    unit = int(np.lcm(cfg.core.tile_rows * GROUP, cfg.stripe_bytes // 4))
     whole = round_up(dims.vS, unit)
     top = min(whole, max(unit, v.free // 4 // unit * unit))
     tries = [(whole, strict, 1) for strict in (True, False)]

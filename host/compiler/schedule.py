@@ -24,24 +24,25 @@ from .layout import GROUP
 __all__ = ["chunk_blocks", "matrix_chunks", "mlp_proj_split", "Job", "place_wloads"]
 
 
-def chunk_blocks(cb, fifo_tiles, group=GROUP):
+def chunk_blocks(cb, fifo_tiles, group=GROUP, i8=False):
     """Row blocks per MATVEC job of a matrix of ``cb`` column blocks: whole groups of
-    ``group``, at most half the weight FIFO (``fifo_tiles``) where a group fits in that."""
-    return max(1, (fifo_tiles // 2) // (group * cb)) * group
+    ``group``, at most half the weight FIFO (``fifo_tiles``) where a group fits in that (with
+    ``i8``, a group streams a row of scales before its tiles)."""
+    return max(1, (fifo_tiles // 2) // (group * cb + int(i8))) * group
 
 
-def matrix_chunks(rb, cb, *, group, fifo_tiles, L, W, short_tail=False):
+def matrix_chunks(rb, cb, *, group, fifo_tiles, L, W, short_tail=False, i8=False):
     """(first row block, row blocks) of each MATVEC job of an rb x cb-tile matrix stored in
     stream order for ``group``: ``chunk_blocks`` each, the last what is left. With
     ``short_tail`` the last job is cut to the matrix's last group (the vector work on it,
     which no MATVEC hides, is short). Raises UserError where one group does not fit in the
     weight FIFO."""
-    per_group = group * cb
+    per_group = group * cb + int(i8)
     if per_group > fifo_tiles:
         raise UserError(f"model: one group of {group} row blocks of a {rb * L} x {cb * W} matrix is "
                         f"{per_group} tiles, more than the weight FIFO's {fifo_tiles} "
                         f"(core.weight_fifo_tiles)")
-    per = chunk_blocks(cb, fifo_tiles, group)
+    per = chunk_blocks(cb, fifo_tiles, group, i8)
     chunks = [(r0, min(per, rb - r0)) for r0 in range(0, rb, per)]
     r0, n = chunks[-1]
     k = (n - 1) // group * group        # (the tiles are stored by whole groups)
@@ -50,11 +51,11 @@ def matrix_chunks(rb, cb, *, group, fifo_tiles, L, W, short_tail=False):
     return chunks
 
 
-def mlp_proj_split(F, d, L, W, fifo_tiles):
+def mlp_proj_split(F, d, L, W, fifo_tiles, i8=False):
     """mlp.c_proj's columns [0, fa) and [fa, F): fa = the rows of all but the last of the
     MATVEC jobs c_fc ([F, d]) runs in; F (no split) where c_fc is one job or fa is not a
     whole column block."""
-    rb, per = -(-F // L), chunk_blocks(-(-d // W), fifo_tiles)
+    rb, per = -(-F // L), chunk_blocks(-(-d // W), fifo_tiles, GROUP, i8)
     fa = (-(-rb // per) - 1) * per * L
     return fa if 0 < fa < F and fa % W == 0 else F
 

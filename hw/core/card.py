@@ -72,6 +72,12 @@ class Card(wiring.Component):
     """
 
     def __init__(self, cfg, *, watchdog=WATCHDOG):
+        from gen.config import ConfigError
+        if cfg.core.weight_dtype != "fp16":
+            raise ConfigError(
+                f"core.weight_dtype: got {cfg.core.weight_dtype!r}; allowed for the card's RTL: "
+                f"'fp16' (its matrix unit does not compute with int8 tiles yet; the ISS, the "
+                f"compiler and the performance model do)")
         self.cfg = cfg
         self.watchdog = watchdog
         c = cfg.core

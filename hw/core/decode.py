@@ -183,7 +183,8 @@ class Decoder(wiring.Component):
         pl = (self.P - 1).bit_length()
         m.d.comb += d.err.eq(_first([
             ((f.rb == 0) | (f.cb == 0) | (f.group == 0) | (T == 0) | (T > MAX_TOKENS)
-             | (f.group * T > ACC_DEPTH) | (multi & (f.dstride < rbl)), E["BAD_FIELD"]),
+             | (f.group * T > ACC_DEPTH) | (multi & (f.dstride < rbl))
+             | f.i8, E["BAD_FIELD"]),                    # the card computes with fp16 tiles only
             ((f.xb[0:wl] != 0) | (multi & (f.xstride[0:wl] != 0))
              | ((f.dst[0:pl] != 0) | (multi & (f.dstride[0:pl] != 0))
                 | (f.bias_en & (f.bias[0:pl] != 0)) if pl else Const(0, 1)),

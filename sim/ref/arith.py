@@ -27,7 +27,7 @@ from hw.arith import tables as T
 __all__ = [
     "F32_QNAN", "F16_QNAN",
     "fp16_mul_to_fp32", "fp32_add", "fp32_mul", "fp16_to_fp32", "fp32_to_fp16", "fp32_max",
-    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "exp", "recip", "rsqrt", "gelu",
+    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "i8_dot", "exp", "recip", "rsqrt", "gelu",
     "f32", "bits32", "EXP_TABLE", "RECIP_SEED", "RSQRT_SEED",
 ]
 
@@ -176,6 +176,35 @@ def bfp_dot(w, x, *, a_bits=T.A_BITS, b_bits=T.B_BITS):
     pnan = nw | nx | (iw & zx) | (ix & zw)
     pinf = (iw | ix) & ~pnan
     neg = (sw ^ sx) == 1
+    ipos, ineg = (pinf & ~neg).any(axis=-1), (pinf & neg).any(axis=-1)
+    nan = pnan.any(axis=-1) | (ipos & ineg)
+    out = np.where(ipos, np.uint32(0x7F800000), np.where(ineg, np.uint32(0xFF800000), out))
+    return np.where(nan, F32_QNAN, out).astype(np.uint32)
+
+
+
+def i8_dot(q, x, e, *, a_bits=T.A_BITS):
+    """int8 rows times fp16 activations, with a power-of-two scale per row: q [..., W] (int8
+    weights), x [..., W] (fp16, aligned per block to ``a_bits`` as in :func:`bfp_dot`), ``e``
+    the scale's biased exponent (0..255; the scale is 2^(e - 127)), all broadcast against
+    each other. The exact integer sum of the weights times the aligned activations, scaled,
+    rounded once to fp32 (nearest even); a result below fp32's normal range is flushed to
+    zero after rounding, its sign kept (the matrix unit's BfpToFp32); above it, infinity.
+    +0 when the sum is 0. Specials as :func:`bfp_dot`, an int8 zero being a zero."""
+    q = np.asarray(q).astype(np.int8)
+    x = np.asarray(x, np.uint16)
+    a, ex, sx, nx, ix, zx = _align(x, a_bits)
+    total = (a * q.astype(np.int64)).sum(axis=-1)
+    k = ex.astype(np.int64) - 14 - a_bits + np.asarray(e, np.int64) - 127
+    with np.errstate(over="ignore"):
+        r = np.ldexp(total.astype(np.float64), k).astype(np.float32)
+    bits = r.view(np.uint32)
+    tiny = (bits & 0x7F800000) == 0
+    out = np.where(tiny, bits & np.uint32(0x80000000), bits)
+    zq = q == 0
+    pnan = nx | (ix & zq)
+    pinf = ix & ~pnan
+    neg = (sx ^ (q < 0)) == 1
     ipos, ineg = (pinf & ~neg).any(axis=-1), (pinf & neg).any(axis=-1)
     nan = pnan.any(axis=-1) | (ipos & ineg)
     out = np.where(ipos, np.uint32(0x7F800000), np.where(ineg, np.uint32(0xFF800000), out))

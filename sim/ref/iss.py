@@ -175,10 +175,14 @@ class Iss:
         self.counters["hbm_rd_bytes"] += i.tiles * self.S
 
     def _matvec(self, i):
-        L, W, P = self.L, self.W, self.P
+        W, P = self.W, self.P
+        i8 = bool(i.i8)
+        L = self.L * (2 if i8 else 1)              # rows of a tile
         rb, cb, grp, T = i.rb, i.cb, i.group, i.tokens
         if (rb == 0 or cb == 0 or grp == 0 or not 1 <= T <= MAX_TOKENS or grp * T > ACC_DEPTH
-                or (T > 1 and i.dstride < rb * L)):
+                or (T > 1 and i.dstride < rb * L)
+                or (i8 and (self.cfg.core.weight_dtype != "int8" or i.tt
+                            or grp * L > self.S))):
             raise IssError("BAD_FIELD")
         if (i.xb % W or (T > 1 and i.xstride % W) or i.dst % P or (T > 1 and i.dstride % P)
                 or (i.bias_en and i.bias % P)):
@@ -191,14 +195,26 @@ class Iss:
             self._vsp_range(i.bias, rb * L)
         if i.xb + (T - 1) * i.xstride + cb * W > len(self.xb):
             raise IssError("XB_RANGE")
-        if rb * cb > len(self.fifo):
+        need = rb * cb + (-(-rb // grp) if i8 else 0)
+        if need > len(self.fifo):
             raise IssError("WEIGHT_UNDERFLOW")
-        tiles = self.fifo[:rb * cb]
-        del self.fifo[:rb * cb]
+        tiles = self.fifo[:need]
+        del self.fifo[:need]
         if i.tt:            # stored column-major: element (r, c) at c * L + r
             tiles = [t.reshape(W, L).T for t in tiles]
+        if i8:
+            # each group: a stripe row of its rows' scale exponents, then its tiles (2L rows
+            # of W int8 weights, row-major)
+            e = np.empty((rb, L), np.uint8)
+            rest = []
+            for g0 in range(0, rb, grp):
+                gs = min(grp, rb - g0)
+                e[g0:g0 + gs] = tiles[0].view(np.uint8).reshape(-1)[:gs * L].reshape(gs, L)
+                rest += tiles[1:1 + gs * cb]
+                tiles = tiles[1 + gs * cb:]
+            tiles = [t.view(np.int8).reshape(L, W) for t in rest]
         # Tile k of the stream is (row block r, column block c) in group-major order.
-        w = np.empty((rb, cb, L, W), np.uint16)
+        w = np.empty((rb, cb, L, W), np.int8 if i8 else np.uint16)
         k = 0
         for g0 in range(0, rb, grp):
             gs = min(grp, rb - g0)
@@ -210,7 +226,10 @@ class Iss:
                       for t in range(T)])                                   # [T, cb, W]
         acc = None
         for c in range(cb):
-            part = A.bfp_dot(w[None, :, c, :, :], x[:, None, c, None, :])            # [T, rb, L]
+            if i8:
+                part = A.i8_dot(w[None, :, c, :, :], x[:, None, c, None, :], e[None])  # [T, rb, L]
+            else:
+                part = A.bfp_dot(w[None, :, c, :, :], x[:, None, c, None, :])        # [T, rb, L]
             if c == 0:
                 if i.bias_en:
                     bias = self.vsp[i.bias:i.bias + rb * L].reshape(rb, L)

@@ -145,6 +145,10 @@ def error_cases(cfg):
         "tokens_zero": ([encode("WLOAD", row=64, tiles=1),
                          encode("MATVEC", rb=1, cb=1, group=1, tokens=0), encode("HALT")], "BAD_FIELD", 1),
         "tokens_nine": ([encode("MATVEC", rb=1, cb=1, group=1, tokens=9), encode("HALT")], "BAD_FIELD", 0),
+        # int8 tiles on a card whose matrix unit computes fp16 only
+        "i8_on_fp16": ([encode("WLOAD", row=64, tiles=2),
+                        encode("MATVEC", rb=1, cb=1, group=1, tokens=1, i8=1), encode("HALT")],
+                       "BAD_FIELD", 1),
         "accumulators": ([encode("MATVEC", rb=1, cb=1, group=16, tokens=8, dstride=64),
                           encode("HALT")], "BAD_FIELD", 0),
         "store_span": ([ok, encode("STORE", vsp=0, n=4, row=512, off=cfg.stripe_bytes - 2, lepg=1),

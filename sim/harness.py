@@ -18,7 +18,8 @@ class UnitArray(wiring.Component):
     Members
     -------
     in_valid : In(1)
-    in_a, in_b : In(lanes * input width): lane k in bits [k*w, (k+1)*w)
+    in_a, in_b, in_c : In(lanes * input width): lane k in bits [k*w, (k+1)*w) (one for each
+        of the unit's inputs ``a``, ``b``, ``c``, as many as ``in_widths``)
     out_valid : Out(1)
     out_o : Out(lanes * output width)
     """
@@ -29,7 +30,7 @@ class UnitArray(wiring.Component):
         self._in_widths, self._out_width = in_widths, out_width
         self.latency = latency
         members = {"in_valid": In(1), "out_valid": Out(1), "out_o": Out(lanes * out_width)}
-        for name, w in zip("ab", in_widths, strict=False):
+        for name, w in zip("abc", in_widths, strict=False):
             members[f"in_{name}"] = In(lanes * w)
         super().__init__(members)
 
@@ -39,7 +40,7 @@ class UnitArray(wiring.Component):
         for k in range(self._lanes):
             u = self._factory()
             m.submodules[f"lane{k}"] = u
-            for name, w in zip("ab", self._in_widths, strict=False):
+            for name, w in zip("abc", self._in_widths, strict=False):
                 m.d.comb += getattr(u, name).eq(getattr(self, f"in_{name}")[k * w:(k + 1) * w])
             m.d.comb += self.out_o[k * ow:(k + 1) * ow].eq(u.o)
         valid = self.in_valid

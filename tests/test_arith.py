@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hw.arith import SPECIALS, UNITS, AdderTree
-from hw.arith.dot import Fp16Dot
+from hw.arith.dot import Fp16Dot, I8Dot
 from hw.arith.units import Fp32Max
 from sim.cocotb_run import ROOT, run_cocotb
 from sim.harness import UnitArray
@@ -18,6 +18,13 @@ from sim.ref import arith as A
 N_RANDOM = 200_000
 BUILD = ROOT / "build" / "arith"
 TREE_WIDTH = 16
+
+class _I8DotABC(I8Dot):
+    """I8Dot with its inputs under the harness's names (a: q, b: x, c: e)."""
+    a = property(lambda self: self.q)
+    b = property(lambda self: self.x)
+    c = property(lambda self: self.e)
+
 
 # name -> (factory, latency, input widths, output width, lanes)
 CASES = {name: (cls, cls.LATENCY, ins, out, 16) for name, (cls, ins, out) in UNITS.items()}
@@ -29,6 +36,8 @@ CASES[f"adder_tree_{TREE_WIDTH}"] = (lambda: AdderTree(TREE_WIDTH), AdderTree.la
 # matrix unit v2's dot product at tiny's width and at u280x4's
 for _w in (16, 64):
     CASES[f"bfp_dot_{_w}"] = ((lambda w=_w: Fp16Dot(w)), Fp16Dot.latency(_w), (16 * _w, 16 * _w), 32, 2)
+    # its int8 rows: int8 weights, fp16 activations, the row's scale exponent
+    CASES[f"i8_dot_{_w}"] = ((lambda w=_w: _I8DotABC(w)), I8Dot.latency(_w), (8 * _w, 16 * _w, 8), 32, 2)
 
 
 def run_unit(name, seed, n_random):

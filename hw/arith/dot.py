@@ -27,7 +27,8 @@ from .fp import F32_QNAN, round_pack32
 from .pipe import delay
 from .tables import A_BITS, B_BITS
 
-__all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32", "DotLane", "DotArray", "Fp16Dot"]
+__all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32", "DotLane", "DotArray", "Fp16Dot",
+           "I8Dot"]
 
 # An element's class beside its aligned value: bits of BlockAlign.flags, per element.
 NAN, INF, ZERO, SIGN = range(4)
@@ -232,7 +233,8 @@ class BfpToFp32(wiring.Component):
 
     Members
     -------
-    s : ``In(signed(sum_bits))``; e : ``In(e_bits)``; nan, pinf, ninf : ``In(1)``
+    s : ``In(signed(sum_bits))``; e : ``In(e_bits)`` (a width, or a signed shape); nan, pinf,
+    ninf : ``In(1)``
     o : ``Out(32)``
     """
 
@@ -261,6 +263,7 @@ class BfpToFp32(wiring.Component):
         mag = Signal(n, name="mag", reset_less=True)
         sign = Signal(reset_less=True)
         e = Signal(self.e_bits, name="e1", reset_less=True)
+        # (with a signed e the result may leave fp32's range: round_pack32 flushes and overflows)
         cls = Signal(3, name="cls1", reset_less=True)
         m.d.sync += [mag.eq(Mux(self.s < 0, -self.s, self.s)), sign.eq(self.s < 0), e.eq(self.e),
                      cls.eq(Cat(self.nan, self.pinf, self.ninf))]
@@ -352,16 +355,19 @@ class DotLane(wiring.Component):
     Members
     -------
     a, fa, ea : the activations' BlockAlign outputs (``a_bits``); b, fb, eb : the weights'
+    (``eb`` 5 bits, a BlockAlign's exponent; with ``eb_signed`` a signed 9-bit exponent: an
+    int8 row's, :class:`I8Dot`)
     o : ``Out(32)``
     """
 
-    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS, chain=None):
+    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS, chain=None, eb_signed=False):
         self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
         self.chain = chain_length(width) if chain is None else chain
+        self.eb_signed = eb_signed
         self.LATENCY = self.latency(width, a_bits, b_bits, self.chain)
         super().__init__({"a": In((a_bits + 1) * width), "fa": In(4 * width), "ea": In(5),
-                          "b": In((b_bits + 1) * width), "fb": In(4 * width), "eb": In(5),
-                          "o": Out(32)})
+                          "b": In((b_bits + 1) * width), "fb": In(4 * width),
+                          "eb": In(signed(9) if eb_signed else 5), "o": Out(32)})
 
     @staticmethod
     def latency(width, a_bits=A_BITS, b_bits=B_BITS, chain=None):
@@ -373,8 +379,9 @@ class DotLane(wiring.Component):
         W = self.width
         m.submodules.dot = dot = IntDot(W, self.a_bits, self.b_bits, chain=self.chain)
         # value = sum * 2^(ea + eb - 28 - a_bits - b_bits)
-        m.submodules.cvt = cvt = BfpToFp32(dot.sum_bits, 6, 28 + self.a_bits + self.b_bits)
-        esum = Signal(6, name="esum", reset_less=True)
+        eshape = signed(11) if self.eb_signed else 6
+        m.submodules.cvt = cvt = BfpToFp32(dot.sum_bits, eshape, 28 + self.a_bits + self.b_bits)
+        esum = Signal(eshape, name="esum", reset_less=True)
         m.d.sync += esum.eq(self.ea + self.eb)
         e_at = delay(m, esum, dot.LATENCY - 1, name="esum_d", reset_less=True)[-1]
         m.d.comb += [dot.a.eq(self.a), dot.fa.eq(self.fa), dot.b.eq(self.b), dot.fb.eq(self.fb),
@@ -408,4 +415,56 @@ class Fp16Dot(wiring.Component):
         m.submodules.arr = arr = DotArray(lanes=1, width=self.width, a_bits=self.a_bits,
                                           b_bits=self.b_bits)
         m.d.comb += [arr.w.eq(self.a), arr.x.eq(self.b), self.o.eq(arr.o)]
+        return m
+
+
+class I8Dot(wiring.Component):
+    """A dot product of ``width`` int8 weights ``q`` and fp16 activations ``x`` with the row's
+    power-of-two scale 2^(``e`` - 127), as fp32, per :func:`sim.ref.arith.i8_dot`: the
+    activations aligned as in :class:`DotArray`, the weights are the integers themselves (an
+    int8 row needs no alignment: its value is exact in the 18-bit multiplier input), the scale's
+    exponent enters the single rounding beside the block's (``DotLane`` with a signed weight
+    exponent: e - 127 + 14 + B_BITS, so the constants are fp16's). The int8 rows' path of the
+    matrix unit v2 (docs/numerics.md, "int8 weights"), the unit the tests prove.
+
+    Members
+    -------
+    q : ``In(8 * width)``, element j in bits [8 j, 8 j + 8); x : ``In(16 * width)``;
+    e : ``In(8)``; o : ``Out(32)``
+    """
+
+    def __init__(self, width, *, a_bits=A_BITS, b_bits=B_BITS):
+        self.width, self.a_bits, self.b_bits = width, a_bits, b_bits
+        self.chain = chain_length(width)
+        self.LATENCY = self.latency(width, a_bits, b_bits)
+        super().__init__({"q": In(8 * width), "x": In(16 * width), "e": In(8), "o": Out(32)})
+
+    @staticmethod
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS):
+        return DotArray.latency(width, a_bits, b_bits)
+
+    def elaborate(self, platform):
+        m = Module()
+        W, C, B = self.width, self.chain, self.b_bits + 1
+        m.submodules.xal = xal = BlockAlign(W, self.a_bits, skew=C)
+        m.submodules.lane = lane = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits, chain=C,
+                                           eb_signed=True)
+        m.d.comb += xal.a.eq(self.x)
+        lat = BlockAlign.latency(W)
+        bs, fs = [], []
+        for j in range(W):
+            qj = self.q[8 * j:8 * (j + 1)].as_signed()
+            b = Signal(signed(B), name=f"b{j}", reset_less=True)
+            f = Signal(4, name=f"fb{j}", reset_less=True)
+            m.d.sync += [b.eq(qj), f.eq(Cat(Const(0, 2), qj == 0, qj < 0))]   # nan inf zero sign
+            # with the activations: the block's latency, the chain's skew for the value
+            bs.append(delay(m, b, lat - 1 + j % C, name=f"bd{j}_", reset_less=True)[-1]
+                      if lat - 1 + j % C else b)
+            fs.append(delay(m, f, lat - 1, name=f"fd{j}_", reset_less=True)[-1] if lat > 1 else f)
+        eb = Signal(signed(9), name="eb", reset_less=True)
+        m.d.sync += eb.eq(self.e - (127 - 14 - self.b_bits))
+        m.d.comb += [lane.a.eq(xal.o), lane.fa.eq(xal.flags), lane.ea.eq(xal.e),
+                     lane.b.eq(Cat(*bs)), lane.fb.eq(Cat(*fs)),
+                     lane.eb.eq(delay(m, eb, lat - 1, name="ebd", reset_less=True)[-1]),
+                     self.o.eq(lane.o)]
         return m

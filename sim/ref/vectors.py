@@ -178,6 +178,8 @@ def unit_vectors(name, n_random, rng):
         return (np.concatenate(rows),), A.adder_tree
     if name.startswith("bfp_dot"):
         return _dot_vectors(int(name.split("_")[-1]), n_random, rng), A.bfp_dot
+    if name.startswith("i8_dot"):
+        return _i8_vectors(int(name.split("_")[-1]), n_random, rng), A.i8_dot
     if name in ("exp", "recip", "rsqrt", "gelu"):
         return (np.concatenate([F32_SPECIALS, exhaustive_vectors()[0],
                                 _special_inputs(name, rng, n_random)]),), ref
@@ -244,6 +246,55 @@ def _dot_vectors(width, n_random, rng):
     add(rng.integers(0, 1 << 16, (r, width), dtype=np.uint16),
         rng.integers(0, 1 << 16, (r, width), dtype=np.uint16))
     return np.concatenate(rows_w), np.concatenate(rows_x)
+
+
+def _i8_vectors(width, n_random, rng):
+    """(int8 weights, fp16 activations, scale exponents) for i8_dot: corners (int8 extremes,
+    zero rows, the scale's whole range with results that flush or overflow, infinities and
+    NaNs against zero and nonzero weights), then random rows."""
+    n = 2000
+    qs, xs, es = [], [], []
+
+    def add(q, x, e):
+        q = np.asarray(q).astype(np.int8).reshape(-1, width)
+        qs.append(q.view(np.uint8))
+        xs.append(np.asarray(x, np.uint16).reshape(-1, width))
+        es.append(np.broadcast_to(np.asarray(e, np.uint8), (len(q),)).copy())
+
+    x = _f16_rows(rng, n, width, 1, 30)
+    for v in (-128, 127, 0, -1):
+        add(np.full((n, width), v), x, rng.integers(0, 256, n))
+    # every scale exponent, weights across the int8 range, activations large and tiny
+    e = np.arange(256, dtype=np.uint8).repeat(8)
+    m = len(e)
+    add(rng.integers(-128, 128, (m, width)), _f16_rows(rng, m, width, 1, 30), e)
+    add(rng.integers(-128, 128, (m, width)), _f16_rows(rng, m, width, 0, 4), e)      # subnormals
+    add(rng.integers(-128, 128, (m, width)), _f16_rows(rng, m, width, 26, 30), e)
+    # cancellation: q . x pairs that cancel exactly
+    q = rng.integers(-128, 128, (n, width))
+    x = _f16_rows(rng, n, width, 5, 25)
+    q[:, 1::2], x[:, 1::2] = q[:, 0::2], x[:, 0::2] ^ np.uint16(0x8000)
+    add(q, x, rng.integers(100, 150, n))
+    # one special per row in the activations, against a zero or a nonzero weight
+    q = rng.integers(-128, 128, (n, width))
+    x = _f16_rows(rng, n, width, 1, 30)
+    cols = rng.integers(0, width, n)
+    x[np.arange(n), cols] = rng.choice(F16_SPECIALS[2:8], n)
+    q[np.arange(n // 2), cols[:n // 2]] = 0
+    add(q, x, rng.integers(0, 256, n))
+    # +inf and -inf in one row
+    q = rng.integers(1, 128, (n, width))
+    x = _f16_rows(rng, n, width, 10, 20)
+    x[:, 0], x[:, 1] = 0x7C00, 0xFC00
+    add(q, x, 127)
+    # random: weights like a quantized layer's (scales near 2^-7) and raw patterns
+    half = n_random // 2
+    add(rng.integers(-127, 128, (half, width)), _f16_rows(rng, half, width, 10, 19),
+        rng.integers(110, 125, half))
+    r = n_random - half
+    add(rng.integers(-128, 128, (r, width)), rng.integers(0, 1 << 16, (r, width), dtype=np.uint16),
+        rng.integers(0, 256, r))
+    return np.concatenate(qs), np.concatenate(xs), np.concatenate(es)
 
 
 def exhaustive_vectors():

@@ -69,7 +69,8 @@ async def vectors_against_reference(dut):
     await RisingEdge(dut.clk)
     dut.rst.value = 0
 
-    ports = [dut.in_a] + ([dut.in_b] if len(inputs) > 1 else [])
+    ports = [dut.in_a, dut.in_b, dut.in_c][:len(inputs)] if len(inputs) > 2 else \
+        [dut.in_a] + ([dut.in_b] if len(inputs) > 1 else [])
     sent_cycle, got, got_cycle = [], [], []
     nxt = 0
     for cyc, v in enumerate(pattern):

@@ -322,3 +322,23 @@ def test_cli_emit_int8_one_line(tmp_path):
     lines = [x for x in p.stderr.splitlines() if x.startswith("gptfpga:")]
     assert p.returncode == 2 and len(lines) == 1 and "core.weight_dtype" in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_cli_int8_refuses_non_finite_checkpoint(tmp_path):
+    """An int8 run of a checkpoint with a NaN: one line naming the tensor, exit 2 (the load
+    refuses it before the quantizer would)."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+    d = tmp_path / "model"
+    shutil.copytree(DEMO, d)
+    t = load_file(d / "model.safetensors")
+    name = next(k for k in t if k.endswith("mlp.c_fc.weight"))
+    t[name] = t[name].copy()
+    t[name].flat[7] = np.nan
+    save_file(t, d / "model.safetensors")
+    p = subprocess.run([sys.executable, "-m", "host.cli", "run", "--config", str(TINY8), "--model",
+                        str(d), "--new-tokens", "2"], capture_output=True, text=True, cwd=ROOT)
+    lines = [x for x in p.stderr.splitlines() if x.startswith("gptfpga:")]
+    assert p.returncode == 2 and len(lines) == 1 and "holds nan" in lines[0], p.stderr
+    assert "Traceback" not in p.stderr

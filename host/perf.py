@@ -101,8 +101,13 @@ class CardModel:
     """Timing of one card's program. ``run(words)`` is a generator: it yields each COLL's
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
-    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None):
+    def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None,
+                 runahead=False):
         self.cfg, self.o = cfg, overheads
+        # a what-if (docs/performance.md): a one-token fp16 MATVEC takes two tiles a cycle
+        # (two of a lane's R dot products, each with its own weight alignment) while they are
+        # there, as far as the accumulators' reuse distance allows
+        self.runahead = runahead
         # token vectors meeting a weight tile per cycle: the config's (core.reuse), or a what-if
         self.R = cfg.core.reuse if reuse is None else reuse
         self.cards = cards or cfg.cards
@@ -290,10 +295,11 @@ class CardModel:
                 gaps = []
                 # cycles a tile is held: ceil(T / R), with i8 ceil(2T / R)
                 per = -(-T // (self.R // 2)) if i8 else -(-T // self.R)
+                ahead = self.runahead and T == 1 and self.R >= 2 and not i8
                 hold = per
                 for g0 in range(0, rb, grp):
                     gs = min(grp, rb - g0)
-                    geff = gs * per
+                    geff = -(-gs // 2) if ahead else gs * per
                     if i8:
                         gaps.append(hold)
                         hold = 1
@@ -301,6 +307,8 @@ class CardModel:
                         for r in range(gs):
                             if r == 0 and c > 0 and geff < ACC_REUSE:
                                 gaps.append(per + ACC_REUSE - geff)
+                            elif ahead and r % 2:
+                                gaps.append(0)          # the pair's second tile, same cycle
                             else:
                                 gaps.append(hold)
                             hold = per
@@ -444,16 +452,17 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     return int(math.ceil(steps * (lat + overheads.coll_hop + 2 * move) + first + setup + own + add))
 
 
-def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=None):
+def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=None,
+             runahead=False):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card).
     ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if). With
     ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)].
     ``reuse``: token vectors meeting each weight tile per cycle (a what-if; default the
-    config's core.reuse)."""
+    config's core.reuse). ``runahead``: the one-token run-ahead what-if (CardModel)."""
     cards = len(programs)
-    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse)
-              for _ in programs]
+    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse,
+                        runahead=runahead) for _ in programs]
     gens = [m.run(p) for m, p in zip(models, programs, strict=True)]
     results = [None] * cards
     waiting = [None] * cards

@@ -190,6 +190,27 @@ def test_reuse_what_if_holds_a_tile_ceil_t_over_r_cycles():
         assert b[1] - b[r] == 64 * (8 - -(-8 // r)), b
 
 
+def test_runahead_what_if_takes_two_tiles_a_cycle_from_a_backlog():
+    """The one-token run-ahead what-if (CardModel's ``runahead``): with every tile of a
+    one-token MATVEC already in the FIFO, pairs of tiles share a cycle where the accumulators'
+    reuse distance allows: groups of 16 row blocks (8 cycles a column block) run at two tiles a
+    cycle, groups of 8 at one after their first column block (the slot's next update waits);
+    off, one a cycle."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+
+    def busy(group, runahead):
+        prog = [encode("WLOAD", row=0, tiles=128), encode("FENCE"),
+                encode("MATVEC", xb=0, dst=0, rb=16, cb=8, group=group, tokens=1), encode("HALT")]
+        g = perf.CardModel(cfg, runahead=runahead).run(prog)
+        with pytest.raises(StopIteration) as stop:
+            next(g)
+        return stop.value.value["mpu_busy"]
+
+    assert busy(16, False) - busy(16, True) == 64           # 128 tiles in 64 cycles, not 128
+    assert 0 < busy(8, False) - busy(8, True) <= 8
+
+
 def test_prediction_never_beats_the_roofline():
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     for cards in (2, 4):

@@ -580,6 +580,8 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
         "decode_cycles_per_token": round(float(per_tok), 1),
         "prefill_ms_per_token": round(float(pre) / prompt / clock, 4),
         "decode_ms_per_token": round(float(per_tok) / clock, 4),
+        # every stream's tokens together (one stream: decode is not batched yet)
+        "decode_tokens_per_s": round(1000.0 * clock / float(per_tok), 2),
         "total_ms": round(float(pre + decode) / clock, 3),
         "weight_bytes": int(weights),
         "hbm_roofline_decode_ms_per_token": round(ideal / clock, 4),

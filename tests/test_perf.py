@@ -240,6 +240,8 @@ def test_cli_perf_json():
     assert r["calibration_error"] == cal["calibration_error"]
     assert r["cards"] == 4 and r["decode_ms_per_token"] > 0 and 0 < r["hbm_roofline_fraction"] <= 1
     assert r["decode_ms_per_token"] == pytest.approx(r["decode_cycles_per_token"] / 200e3, abs=1e-4)
+    # one stream: tokens per second is the inverse of the decode time
+    assert r["decode_tokens_per_s"] == pytest.approx(200e6 / r["decode_cycles_per_token"], abs=0.01)
 
 
 def test_cli_perf_model_directory():

@@ -24,7 +24,7 @@ from hw.dma.beats import HbmBeats
 from hw.dma.mux import AxiReadMux, AxiWriteMux
 from hw.isa import ERROR_CODES
 
-from .cmds import StoreCmd
+from .cmds import PC_BITS, StoreCmd
 from .coll import CollUnit
 from .ctrl import Control
 from .dma import RUN_BITS, STORE_QUEUE, DmaRead, DmaWrite
@@ -139,7 +139,7 @@ class Card(wiring.Component):
                      u.fetch.prog_len.eq(u.ctrl.prog_len)]
         hbm_err = self._hbm_channels(m, u)
         self._issue_queues(m, u)
-        m.d.comb += u.issue.axi_err.eq(u.dma_rd.err | u.dma_wr.err | hbm_err)
+        self._axi_errors(m, u, hbm_err)
         self._data_paths(m, u)
         self._status(m, u)
         return m
@@ -157,6 +157,20 @@ class Card(wiring.Component):
         wiring.connect(m, coll.l_tx, wiring.flipped(self.l_tx))
         wiring.connect(m, wiring.flipped(self.l_rx), coll.l_rx)
         return coll
+
+    @staticmethod
+    def _axi_errors(m, u, hbm_err):
+        """Error responses to HBM accesses (read DMA, store engine, the collective unit's HBM
+        beats), each sticky for the run with the pc of its instruction, cleared at ap_start;
+        the issue stage gets the first in program order (the least pc)."""
+        issue, start = u.issue, u.ctrl.start
+        m.d.comb += [u.dma_rd.clear.eq(start), u.dma_wr.clear.eq(start)]
+        (best, best_pc), *rest = ((u.dma_rd.err, u.dma_rd.err_pc), (u.dma_wr.err, u.dma_wr.err_pc),
+                                  *([hbm_err] if hbm_err else []))
+        for err, pc in rest:
+            take = err & (~best | (pc < best_pc))
+            best, best_pc = best | err, Mux(take, pc, best_pc)
+        m.d.comb += [issue.axi_err.eq(best), issue.axi_err_pc.eq(best_pc)]
 
     @staticmethod
     def _issue_queues(m, u):
@@ -201,7 +215,8 @@ class Card(wiring.Component):
         issue, dma_rd, dma_wr, mpu, vpu, wfifo = u.issue, u.dma_rd, u.dma_wr, u.mpu, u.vpu, u.wfifo
         zero = Const(0, 1)
         busy = (dma_rd.busy | dma_wr.busy | u.store_q.r_rdy | mpu.busy | vpu.busy
-                | (wfifo.level != 0) | u.fetch.busy | (u.coll.busy if u.coll else zero))
+                | (wfifo.level != 0) | u.fetch.busy | (u.coll.busy if u.coll else zero)
+                | (~u.hb.idle if u.coll else zero))
         progress = (issue.issued | dma_rd.done | dma_wr.done | mpu.done | vpu.done | dma_rd.stripe
                     | dma_wr.beat | wfifo.pops
                     | (u.vsp.w_vpu.req.valid & u.vsp.w_vpu.req.ready)
@@ -210,7 +225,11 @@ class Card(wiring.Component):
         m.d.comb += [issue.quiet.eq(~busy), u.wd.progress.eq(progress),
                      u.wd.start.eq(u.ctrl.start), u.wd.running.eq(issue.running),
                      u.wd.finish.eq(issue.finish), u.wd.status_in.eq(issue.status),
-                     u.ctrl.done.eq(u.wd.done), u.ctrl.status.eq(u.wd.status)]
+                     issue.timeout.eq(u.wd.fired),
+                     u.ctrl.done.eq(u.wd.done), u.ctrl.status.eq(u.wd.status),
+                     # a start only once the last run has stopped (after a TIMEOUT the
+                     # kernel drains what it had open first)
+                     u.ctrl.busy.eq(issue.running)]
         live = u.wd.live
         self._counters(m, u.ctrl, {
             "cycles": live, "mpu_busy": live & mpu.busy, "vpu_busy": live & vpu.busy,
@@ -224,19 +243,25 @@ class Card(wiring.Component):
     def _hbm_channels(self, m, u):
         """Each m_axi_hbm<k>: the read and the store DMA's channel k, shared with the collective
         unit's HBM beats (COLL with hbm) through AXI multiplexers when there is one. Returns
-        the beats' error flag (0 without)."""
+        the beats' error flag and the pc of the COLL it answered (None without)."""
         C, ctrl, dma_rd, dma_wr, coll = self.C, u.ctrl, u.dma_rd, u.dma_wr, u.coll
         rsig = Axi4ReadSignature(addr_bits=64, data_bits=self.DB)
         wsig = Axi4WriteSignature(addr_bits=64, data_bits=self.DB)
-        hbm_err = Const(0, 1)
+        hbm_err = None
+        u.hb = None
         if coll is not None:
-            m.submodules.coll_hbm = hb = HbmBeats(channels=C, hbm_bits=self.DB,
-                                                  data_bits=coll.D, run=coll.run,
-                                                  max_outstanding=self.cfg.hbm.max_outstanding)
+            m.submodules.coll_hbm = u.hb = hb = HbmBeats(
+                channels=C, hbm_bits=self.DB, data_bits=coll.D, run=coll.run,
+                max_outstanding=self.cfg.hbm.max_outstanding)
             wiring.connect(m, coll.hrd, hb.rd)
             wiring.connect(m, coll.hwr, hb.wr)
-            m.d.comb += coll.hw_idle.eq(hb.w_idle)
-            hbm_err = hb.err
+            m.d.comb += [coll.hw_idle.eq(hb.w_idle), hb.clear.eq(ctrl.start)]
+            # COLLs run one at a time and end with their HBM accesses answered: an error
+            # answers the COLL in the unit (its pc kept from before the flag rises)
+            hbm_err_pc = Signal(PC_BITS)
+            with m.If(~hb.err):
+                m.d.sync += hbm_err_pc.eq(coll.err_pc)
+            hbm_err = (hb.err, hbm_err_pc)
         for k in range(C):
             port, ptr = getattr(self, f"m_axi_hbm{k}"), getattr(ctrl, f"hbm_ptr_{k}")
             rd, wr = dma_rd.axi[k], dma_wr.axi[k]
@@ -281,7 +306,8 @@ class Card(wiring.Component):
 
 class Watchdog(wiring.Component):
     """TIMEOUT for a run that makes no progress: ``cycles`` cycles of a running kernel without
-    any unit's progress end it with the TIMEOUT status (after which it needs a reset).
+    any unit's progress end it with the TIMEOUT status (ap_done at once; the issue stage stops
+    and the kernel takes no new start until what it had open has completed, or a reset).
 
     Parameters
     ----------
@@ -297,6 +323,8 @@ class Watchdog(wiring.Component):
         The issue stage's end of the run, and its status.
     done : ``Out(1)``
         The run ends (ap_done): finished, or timed out (one pulse, not again at a late finish).
+    fired : ``Out(1)``
+        Pulse as it times out (the issue stage stops, TIMEOUT with the pc it names).
     status : ``Out(32)``
         The issue stage's, with the TIMEOUT code once timed out.
     live : ``Out(1)``
@@ -312,6 +340,7 @@ class Watchdog(wiring.Component):
     finish: In(1)
     status_in: In(32)
     done: Out(1)
+    fired: Out(1)
     status: Out(32)
     live: Out(1)
 
@@ -335,6 +364,7 @@ class Watchdog(wiring.Component):
             m.d.sync += timed_out.eq(1)
         m.d.comb += [
             self.done.eq((self.finish | timeout) & ~timed_out),
+            self.fired.eq(timeout & ~timed_out),
             self.status.eq(Mux(timed_out, Cat(Const(ERROR_CODES["TIMEOUT"], 8),
                                               self.status_in[8:32]), self.status_in)),
             self.live.eq(self.running & ~timed_out),

@@ -9,7 +9,8 @@ that layout.
 
 The read DMA's command serves two instructions (LOAD and WLOAD) and carries a count the
 issue stage computes (stripe rows to read), so it is the one layout built here by hand, from
-the two formats' widths.
+the two formats' widths. The commands of the units that access HBM (read DMA, STORE, COLL)
+carry the instruction's pc: an error response is reported at the instruction it answered.
 """
 
 from amaranth.lib import data
@@ -44,8 +45,8 @@ def _bits(op, name):
 
 MatvecCmd = format_layout("MATVEC")
 VecCmd = format_layout("VEC")
-StoreCmd = format_layout("STORE")
-CollCmd = format_layout("COLL", pc=PC_BITS)            # the pc names the COLL in a RING_ERROR
+StoreCmd = format_layout("STORE", pc=PC_BITS)          # the pc names the STORE in an AXI_ERROR
+CollCmd = format_layout("COLL", pc=PC_BITS)            # ... the COLL in a RING_ERROR or AXI_ERROR
 
 assert _bits("LOAD", "row") == _bits("WLOAD", "row")
 DmaReadCmd = data.StructLayout({
@@ -53,4 +54,5 @@ DmaReadCmd = data.StructLayout({
     "row": _bits("LOAD", "row"),                        # first stripe row
     "count": _bits("WLOAD", "tiles"),                   # stripe rows to read (LOAD: ceil(bytes / S))
     "vsp": _bits("LOAD", "vsp"), "n": _bits("LOAD", "n"), "f32": _bits("LOAD", "f32"),
+    "pc": PC_BITS,                                      # the instruction (an AXI_ERROR's pc)
 })

@@ -20,6 +20,8 @@ class Control(wiring.Component):
     axi : Out(AxiLiteSignature)  (the signature is written from the subordinate side)
     start : Out(1) pulse when the host sets ap_start while the kernel is idle
     done : In(1) pulse when the kernel finishes (sets ap_done, ap_idle, ISR)
+    busy : In(1) the kernel has not stopped yet although it reported done (after a TIMEOUT it
+        drains what it had open): ap_idle reads 0 and ap_start is ignored meanwhile
     args : the argument registers, one ``Out`` per entry of regs.ARGS and ``hbm_ptr_<k>``
     <counter> : ``In(64)`` for each of regs.COUNTERS
     interrupt : Out(1)
@@ -28,7 +30,7 @@ class Control(wiring.Component):
     def __init__(self, channels):
         self.channels = channels
         members = {"axi": Out(AxiLiteSignature(addr_bits=regs.ADDR_BITS, data_bits=32)),
-                   "start": Out(1), "done": In(1), "interrupt": Out(1)}
+                   "start": Out(1), "done": In(1), "busy": In(1), "interrupt": Out(1)}
         for name, (_, bits, _) in regs.ARGS.items():
             members[name] = Out(bits)
         for k in range(channels):
@@ -84,7 +86,7 @@ class Control(wiring.Component):
         with m.If(wr):
             with m.Switch(a.awaddr):
                 with m.Case(regs.CTRL):
-                    with m.If(wdata[0] & ap.idle):
+                    with m.If(wdata[0] & ap.idle & ~self.busy):
                         m.d.sync += [ap.start.eq(1), ap.idle.eq(0)]
                         m.d.comb += self.start.eq(1)
                 with m.Case(regs.GIE):
@@ -110,7 +112,7 @@ class Control(wiring.Component):
             m.d.sync += [rvalid.eq(1), rdata.eq(0)]
             with m.Switch(a.araddr):
                 with m.Case(regs.CTRL):
-                    m.d.sync += rdata.eq(Cat(ap.start, ap.done, ap.idle, ap.start))
+                    m.d.sync += rdata.eq(Cat(ap.start, ap.done, ap.idle & ~self.busy, ap.start))
                     m.d.sync += ap.done.eq(0)        # clear on read
                 with m.Case(regs.GIE):
                     m.d.sync += rdata.eq(ap.gie)

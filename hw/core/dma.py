@@ -20,7 +20,7 @@ from hw.axi import Axi4ReadSignature, Axi4WriteSignature
 from hw.dma.reader import AxiBurstReader
 from hw.stream import ReadAhead
 
-from .cmds import DmaReadCmd, StoreCmd
+from .cmds import PC_BITS, DmaReadCmd, StoreCmd
 from .load import LoadCmd, LoadWriter, RunFanout, StripeJoin
 from .store import Beat, BeatPacker, BeatWriter, StoreWalk
 from .vsp import ReadPort, WritePort
@@ -32,7 +32,7 @@ STORE_QUEUE = 2          # STOREs issued ahead of the store engine (hw/core/card
 RUN_BITS = DmaReadCmd["count"].width      # a run's stripe rows: the readers' len_bits at least
 
 # The read DMA's queue entry: what the data side needs of a LOAD or WLOAD.
-_Head = data.StructLayout({"wload": 1, "load": LoadCmd})
+_Head = data.StructLayout({"wload": 1, "load": LoadCmd, "pc": DmaReadCmd["pc"].shape})
 
 
 class DmaRead(wiring.Component):
@@ -65,8 +65,11 @@ class DmaRead(wiring.Component):
         LOAD results into the VSP.
     busy : ``Out(1)``
         An instruction is queued or a reader is busy.
-    err : ``Out(1)``
-        Sticky: a beat came back with an error, or the channels' runs disagree.
+    err : ``Out(1)``; err_pc : ``Out(PC_BITS)``
+        Sticky until ``clear``: a beat came back with an error, or the channels' runs
+        disagree; the pc of the instruction whose stripe it was (the first such).
+    clear : ``In(1)``
+        A run starts: ``err`` falls.
     stripe : ``Out(1)``
         Pulse per stripe taken from the readers.
     """
@@ -90,7 +93,7 @@ class DmaRead(wiring.Component):
             "tiles": Out(stream.Signature(channels * data_bits)),
             "w": Out(WritePort(self._row_bits, vector_lanes)),
             "busy": Out(1),
-            "err": Out(1),
+            "err": Out(1), "err_pc": Out(PC_BITS), "clear": In(1),
             "stripe": Out(1),
         })
 
@@ -121,6 +124,7 @@ class DmaRead(wiring.Component):
             heads.w_en.eq(self.cmd.valid & self.cmd.ready),
             queued.wload.eq(cmd.wload),
             queued.load.vsp.eq(cmd.vsp), queued.load.n.eq(cmd.n), queued.load.f32.eq(cmd.f32),
+            queued.pc.eq(cmd.pc),
             fanout.i.valid.eq(self.cmd.valid & heads.w_rdy),
             fanout.i.payload.row.eq(cmd.row), fanout.i.payload.count.eq(cmd.count),
         ]
@@ -136,8 +140,10 @@ class DmaRead(wiring.Component):
             stripes.ready.eq(Mux(wload, self.tiles.ready, load.cmd.valid & load.i.ready)),
         ]
         take = stripes.valid & stripes.ready
-        with m.If(take & stripes.payload.err):
-            m.d.sync += self.err.eq(1)
+        with m.If(self.clear):
+            m.d.sync += self.err.eq(0)
+        with m.Elif(take & stripes.payload.err & ~self.err):
+            m.d.sync += [self.err.eq(1), self.err_pc.eq(head.pc)]
         finished = (wload & take & stripes.payload.last) | load.cmd.ready
         m.d.comb += [heads.r_en.eq(finished), self.done.eq(finished), self.stripe.eq(take),
                      self.busy.eq((heads.level != 0) | fanout.pending | self.cmd.valid
@@ -169,8 +175,11 @@ class DmaWrite(wiring.Component):
         The channels' AW, W and B channels.
     ptr : ``In(64).array(channels)``
     busy : ``Out(1)``
-    err : ``Out(1)``
-        Sticky: a write's response was not OKAY (or had an unknown ID).
+    err : ``Out(1)``; err_pc : ``Out(PC_BITS)``
+        Sticky until ``clear``: a write's response was not OKAY (or had an unknown ID); the pc
+        of the STORE it answered (the first such).
+    clear : ``In(1)``
+        A run starts: ``err`` falls.
     beat : ``Out(1)``
         Pulse per beat written.
     elem, elem_f32 : ``Out(1)``
@@ -188,7 +197,7 @@ class DmaWrite(wiring.Component):
             "axi": Out(Axi4WriteSignature(addr_bits=64, data_bits=data_bits)).array(channels),
             "ptr": In(64).array(channels),
             "busy": Out(1),
-            "err": Out(1),
+            "err": Out(1), "err_pc": Out(PC_BITS), "clear": In(1),
             "beat": Out(1),
             "elem": Out(1),
             "elem_f32": Out(1),
@@ -233,7 +242,11 @@ class DmaWrite(wiring.Component):
         for k in range(self._channels):
             wiring.connect(m, wiring.flipped(self.axi[k]), writer.axi[k])
             m.d.comb += writer.ptr[k].eq(self.ptr[k])
-        m.d.comb += [self.err.eq(writer.err), self.beat.eq(writer.sent),
+        # The responses of a STORE all come before it is done, so an error answers ``cmd``;
+        # its pc is kept from the cycle before the writer's (registered) flag rises.
+        with m.If(~writer.err):
+            m.d.sync += self.err_pc.eq(cmd.pc)
+        m.d.comb += [writer.clear.eq(self.clear), self.err.eq(writer.err), self.beat.eq(writer.sent),
                      self.elem.eq(walk.launch), self.elem_f32.eq(cmd.f32)]
 
         # Command and completion.

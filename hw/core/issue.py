@@ -13,7 +13,12 @@ else overlaps: weight streaming for the next MATVEC while the vector unit works,
 beside a LOAD...
 
 The first error stops issue; the core then lets what was issued finish (dropping weight
-tiles that no MATVEC will take) and reports the error code and its pc.
+tiles that no MATVEC will take) and reports the error code and its pc. An error response to
+an HBM access (AXI_ERROR) names the instruction whose access it answered (its LOAD, WLOAD,
+STORE or COLL), and replaces a later instruction's error found meanwhile: the first error in
+program order. The watchdog's TIMEOUT stops issue too and names the oldest instruction not
+completed (the one the card waits for): the oldest in flight, else the one waiting to issue,
+else the next to be fetched.
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -45,9 +50,13 @@ class RunState(wiring.Component):
     -------
     start : ``In(1)``; misaligned : ``In(1)``
         A run starts; its program address is not 16-byte aligned (an ALIGN error at pc 0).
-    axi_err : ``In(1)``; coll_err : ``In(1)``; coll_err_pc : ``In(PC_BITS)``
-        A data access's error response; the collective unit's error and the pc of its COLL
-        (with ``ring`` only).
+    axi_err : ``In(1)``; axi_err_pc : ``In(PC_BITS)``
+        A data access's error response (sticky for the run) and the pc of its instruction.
+    coll_err : ``In(1)``; coll_err_pc : ``In(PC_BITS)``
+        The collective unit's error and the pc of its COLL (with ``ring`` only).
+    timeout : ``In(1)``; stuck_pc : ``In(PC_BITS)``
+        The watchdog fired (no progress for its limit); the pc of the oldest instruction not
+        completed.
     valid : ``In(1)``; err : ``In(4)``; pc : ``In(PC_BITS)``
         An instruction is in stage I; its error code (0: none) and pc.
     halt : ``In(1)``
@@ -58,9 +67,11 @@ class RunState(wiring.Component):
     quiet : ``In(1)``
         Every unit idle and nothing in flight: a stop can complete.
 
-    The first of a data access's error, the collective unit's, the instruction's and the HALT
-    stops a run; while stopping, a data access's or the collective unit's error still replaces
-    an OK status.
+    The first of a data access's error, the collective unit's, the watchdog's, the
+    instruction's and the HALT stops a run; while stopping, a data access's error replaces an
+    OK status or the error of a later instruction, the collective unit's error an OK status,
+    until the watchdog has fired (the host has seen that status); the watchdog's TIMEOUT
+    replaces the code (the pc stays).
     running, stopping : ``Out(1)``
         (registered) issue may go on; issue has stopped and the run is finishing.
     status : ``Out(32)``
@@ -74,8 +85,9 @@ class RunState(wiring.Component):
     def __init__(self, *, ring):
         self._ring = ring
         super().__init__({
-            "start": In(1), "misaligned": In(1), "axi_err": In(1),
+            "start": In(1), "misaligned": In(1), "axi_err": In(1), "axi_err_pc": In(PC_BITS),
             **({"coll_err": In(1), "coll_err_pc": In(PC_BITS)} if ring else {}),
+            "timeout": In(1), "stuck_pc": In(PC_BITS),
             "valid": In(1), "err": In(4), "pc": In(PC_BITS), "halt": In(1),
             "overrun": In(1), "next_pc": In(PC_BITS), "quiet": In(1),
             "running": Out(1), "stopping": Out(1), "status": Out(32),
@@ -93,15 +105,19 @@ class RunState(wiring.Component):
             return [status.eq(Cat(code, Const(0, 4), pc)), self.running.eq(0),
                     self.stopping.eq(1)]
 
+        fired = Signal()            # the watchdog fired in this run: the host has its status
+        code, at = status[0:8], status[8:8 + PC_BITS]
         with m.If(self.start):
-            m.d.sync += [self.running.eq(1), self.stopping.eq(0), status.eq(0)]
+            m.d.sync += [self.running.eq(1), self.stopping.eq(0), status.eq(0), fired.eq(0)]
             with m.If(self.misaligned):
                 m.d.sync += stop_with(E["ALIGN"], 0)
         with m.Elif(self.running):
             with m.If(self.axi_err):
-                m.d.sync += stop_with(E["AXI_ERROR"], self.pc)
+                m.d.sync += stop_with(E["AXI_ERROR"], self.axi_err_pc)
             with m.Elif(coll_err):
                 m.d.sync += stop_with(E["RING_ERROR"], coll_err_pc)
+            with m.Elif(self.timeout):
+                m.d.sync += [*stop_with(E["TIMEOUT"], self.stuck_pc), fired.eq(1)]
             with m.Elif(self.valid & (self.err != 0)):
                 m.d.sync += stop_with(self.err, self.pc)
             with m.Elif(self.halt):
@@ -110,9 +126,11 @@ class RunState(wiring.Component):
             with m.Elif(self.overrun):
                 m.d.sync += stop_with(E["PROGRAM_OVERRUN"], self.next_pc)
         with m.Elif(self.stopping):
-            with m.If(self.axi_err & (status[0:4] == 0)):
-                m.d.sync += status[0:4].eq(E["AXI_ERROR"])
-            with m.Elif(coll_err & (status[0:4] == 0)):
+            with m.If(self.timeout):
+                m.d.sync += [code.eq(E["TIMEOUT"]), fired.eq(1)]
+            with m.Elif(~fired & self.axi_err & ((code == 0) | (self.axi_err_pc < at))):
+                m.d.sync += status.eq(Cat(Const(E["AXI_ERROR"], 8), self.axi_err_pc))
+            with m.Elif(~fired & coll_err & (code == 0)):
                 m.d.sync += status.eq(Cat(Const(E["RING_ERROR"], 8), coll_err_pc))
             with m.If(self.quiet):
                 m.d.sync += self.stopping.eq(0)
@@ -177,7 +195,8 @@ class Issue(wiring.Component):
     q_<unit> : Out(stream(cmd)) per unit; done_<unit> : In(1) per unit (coll only with a ring)
     card_reg : In(32) the ``card`` register; coll_err : In(1) with coll_err_pc : In(24)
     quiet : In(1)  (every unit idle, no tile left in flight: the stop can complete)
-    axi_err : In(1)  (a data access got an error response)
+    axi_err : In(1); axi_err_pc : In(24)  (a data access got an error response; its instruction)
+    timeout : In(1)  (the watchdog fired: stop, TIMEOUT at the oldest instruction not completed)
     finish : Out(1) pulse; status : Out(32); stopping : Out(1); running : Out(1)
     stall : Out(1); issued : Out(1); retired : Out(1)
     """
@@ -203,7 +222,7 @@ class Issue(wiring.Component):
             "q_mpu": Out(stream.Signature(MatvecCmd)),
             "q_vpu": Out(stream.Signature(VecCmd)),
             "done_dma_rd": In(1), "done_dma_wr": In(1), "done_mpu": In(1), "done_vpu": In(1),
-            "quiet": In(1), "axi_err": In(1),
+            "quiet": In(1), "axi_err": In(1), "axi_err_pc": In(PC_BITS), "timeout": In(1),
             "finish": Out(1), "status": Out(32), "stopping": Out(1), "running": Out(1),
             "stall": Out(1), "issued": Out(1), "retired": Out(1),
         })
@@ -241,7 +260,8 @@ class Issue(wiring.Component):
                     m.d.comb += unit.eq(UNIT_CODE[u])
         m.d.comb += [board.ranges.rd1.eq(dq.rd1), board.ranges.rd2.eq(dq.rd2),
                      board.ranges.wr.eq(dq.wr), board.ranges.wr2.eq(dq.wr2), board.unit.eq(unit),
-                     board.done.eq(Cat(*[getattr(self, f"done_{u}") for u in self.units]))]
+                     board.done.eq(Cat(*[getattr(self, f"done_{u}") for u in self.units])),
+                     board.pc.eq(dq.pc)]
 
         # Dispatch (valid never depends on ready: `want` is everything but the queue's ready).
         dispatchable = kind.matches(*(f.opcode for f in FORMATS if f.unit != "ctrl"))
@@ -258,7 +278,11 @@ class Issue(wiring.Component):
         # Run and stop.
         m.d.comb += [
             run.start.eq(self.start), run.misaligned.eq(self.misaligned),
-            run.axi_err.eq(self.axi_err), run.valid.eq(dv), run.err.eq(err), run.pc.eq(dq.pc),
+            run.axi_err.eq(self.axi_err), run.axi_err_pc.eq(self.axi_err_pc),
+            run.timeout.eq(self.timeout),
+            # the oldest instruction not completed: in flight, else waiting here, else the next
+            run.stuck_pc.eq(Mux(~board.empty, board.oldest, Mux(dv, dq.pc, self.insn.payload.pc))),
+            run.valid.eq(dv), run.err.eq(err), run.pc.eq(dq.pc),
             run.halt.eq(dv & (kind == KIND["HALT"]) & board.empty),
             run.overrun.eq(~dv & ~self.insn.valid & self.exhausted),
             run.next_pc.eq(self.insn.payload.pc), run.quiet.eq(board.empty & self.quiet),
@@ -291,8 +315,8 @@ class Issue(wiring.Component):
             rd.row.eq(Mux(wload, wl.row, load.row)),
             rd.count.eq(Mux(wload, wl.tiles,
                             ((load.n << Mux(load.f32, 2, 1)) + (self.S - 1)) >> sl)),
-            rd.f32.eq(load.f32), rd.vsp.eq(load.vsp), rd.n.eq(load.n),
-            self.q_dma_wr.payload.eq(fields(w, "STORE")),
+            rd.f32.eq(load.f32), rd.vsp.eq(load.vsp), rd.n.eq(load.n), rd.pc.eq(dq.pc),
+            self.q_dma_wr.payload.eq(Cat(fields(w, "STORE"), dq.pc)),
             self.q_mpu.payload.eq(fields(w, "MATVEC")),
             self.q_vpu.payload.eq(fields(w, "VEC")),
         ]

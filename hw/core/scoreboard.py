@@ -2,13 +2,14 @@
 flight, and which of them a new instruction conflicts with.
 """
 
-from amaranth.hdl import Const, Module, Signal
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from hw.isa import UNITS
 
+from .cmds import PC_BITS
 from .decode import Range
 
 __all__ = ["ENTRIES", "Ranges", "Scoreboard"]
@@ -51,6 +52,11 @@ class Scoreboard(wiring.Component):
         Per unit of ``units``: its oldest instruction completes (its entry is free next cycle).
     empty : ``Out(1)``
         No instruction in flight.
+    pc : ``In(PC_BITS)``
+        The pc of the instruction that issues (kept with its entry).
+    oldest : ``Out(PC_BITS)``
+        The pc of the oldest instruction in flight (registered: one cycle late; the watchdog's
+        TIMEOUT names it). pcs rise in issue order within a run, so it is the least.
     """
 
     def __init__(self, *, units):
@@ -59,6 +65,7 @@ class Scoreboard(wiring.Component):
             "ranges": In(Ranges), "conflict": Out(1),
             "unit": In(range(len(UNITS))), "room": Out(1), "alloc": In(1),
             "done": In(len(self._units)), "empty": Out(1),
+            "pc": In(PC_BITS), "oldest": Out(PC_BITS),
         })
 
     def elaborate(self, platform):
@@ -96,11 +103,22 @@ class Scoreboard(wiring.Component):
                 m.d.comb += unit_room.eq(order.w_rdy)
         m.d.comb += self.room.eq(~ev.all() & unit_room)
 
+        # Each entry's pc; the least of those in flight, by a tree of comparisons.
+        pcs = [Signal(PC_BITS, name=f"pc{i}") for i in range(ENTRIES)]
+        level = [(ev[i], pcs[i]) for i in range(ENTRIES)]
+        while len(level) > 1:
+            nxt = []
+            for (va, pa), (vb, pb) in zip(level[0::2], level[1::2], strict=True):
+                pick_a = va & (~vb | (pa <= pb))
+                nxt.append((va | vb, Mux(pick_a, pa, pb)))
+            level = nxt
+        m.d.sync += self.oldest.eq(level[0][1])
+
         with m.If(self.alloc):
             with m.Switch(free):
                 for i in range(ENTRIES):
                     with m.Case(i):
-                        m.d.sync += ent[i].eq(new)
+                        m.d.sync += [ent[i].eq(new), pcs[i].eq(self.pc)]
             m.d.sync += ev.eq((ev & ~clear) | (Const(1, ENTRIES) << free))
         with m.Else():
             m.d.sync += ev.eq(ev & ~clear)

@@ -231,7 +231,9 @@ class BeatWriter(wiring.Component):
     sent : ``Out(1)``
         A beat was taken.
     err : ``Out(1)``
-        Sticky (cleared by reset only): a response other than OKAY, or with an ID never used.
+        Sticky until ``clear``: a response other than OKAY, or with an ID never used.
+    clear : ``In(1)``
+        ``err`` falls (a run starts).
     idle : ``Out(1)``
         No write awaits its response.
 
@@ -246,7 +248,7 @@ class BeatWriter(wiring.Component):
             "i": In(stream.Signature(Beat(data_bits // 8))),
             "axi": Out(Axi4WriteSignature(addr_bits=64, data_bits=data_bits)).array(channels),
             "ptr": In(64).array(channels),
-            "sent": Out(1), "err": Out(1), "idle": Out(1),
+            "sent": Out(1), "err": Out(1), "idle": Out(1), "clear": In(1),
         })
 
     def elaborate(self, platform):
@@ -273,6 +275,8 @@ class BeatWriter(wiring.Component):
             ]
             with m.If(axi.bvalid & ((axi.bresp != 0) | (axi.bid != 0))):
                 m.d.sync += self.err.eq(1)
+        with m.If(self.clear):
+            m.d.sync += self.err.eq(0)
         for c, axi in enumerate(self.axi):
             with m.If(head.ch == c):
                 m.d.comb += [aw_ok.eq(aw_sent | (axi.awvalid & axi.awready)),

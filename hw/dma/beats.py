@@ -18,8 +18,8 @@ cross a 4 KiB page of a channel's buffer; a buffer base that is not page aligned
 pages, and a channel's burst that would cross one goes as two (AXI's rule whatever the base;
 the W beats follow their AW, never ahead of the burst it presents). With
 ``max_outstanding``, no channel has more bursts than that in flight in either direction.
-``w_idle`` once every write has its response; a response other than OKAY sets ``err``
-(sticky).
+``w_idle`` once every write has its response, ``idle`` once every read has its beats too;
+a response other than OKAY sets ``err`` (sticky until ``clear``).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal
@@ -63,7 +63,9 @@ class HbmBeats(wiring.Component):
         on ``rd.req``; their beats, in order, on ``rd.resp`` (always taken)
     wr : In(stream(BeatWrite))  beats to write; w_idle : Out(1)  no write held or open
     axi_r_<c> : Out(Axi4ReadSignature); axi_w_<c> : Out(Axi4WriteSignature); ptr_<c> : In(64)
-    err : Out(1)  sticky: a read or write answered with an error
+    err : Out(1)  sticky until ``clear``: a read or write answered with an error
+    clear : In(1)  ``err`` falls (a run starts)
+    idle : Out(1)  no read run in flight or queued and ``w_idle``: no AXI transaction open
 
     ``max_outstanding``: bursts in flight per channel and direction (``hbm.max_outstanding``),
     or None for no limit but the queues'.
@@ -87,7 +89,7 @@ class HbmBeats(wiring.Component):
         assert run <= self.page_beats and run <= 256
         members = {"rd": In(ReadPort(ReadRun, data_bits)),
                    "wr": In(stream.Signature(BeatWrite(data_bits))), "w_idle": Out(1),
-                   "err": Out(1)}
+                   "err": Out(1), "clear": In(1), "idle": Out(1)}
         for c in range(channels):
             members[f"axi_r_{c}"] = Out(Axi4ReadSignature(addr_bits=64, data_bits=hbm_bits))
             members[f"axi_w_{c}"] = Out(Axi4WriteSignature(addr_bits=64, data_bits=hbm_bits))
@@ -282,4 +284,8 @@ class HbmBeats(wiring.Component):
         m.d.sync += opened.eq(opened + sum(aws) - sum(bs))
         held = Cat(*[q.r_rdy for q in wq + awq]).any()
         m.d.comb += self.w_idle.eq((r_len == 0) & ~held & (opened == 0) & ~self.wr.valid)
+        # a run stays in `order` until its last beat is joined: none there, no read open
+        m.d.comb += self.idle.eq(self.w_idle & ~order.r_rdy)
+        with m.If(self.clear):
+            m.d.sync += self.err.eq(0)
         return m

@@ -166,8 +166,11 @@ class Cards:
             else:
                 self.ring.run(progs, [cm.prog_addr for cm in self.cms], timeout_s=timeout_s)
                 counters = [dev.counters() for dev in self.devices]
-        except DeviceTimeout:
-            raise CardError(f"device: the step at position {pos0} did not finish within "
+        except DeviceTimeout as e:
+            late = getattr(e, "cards", None) or range(len(self.devices))
+            who = (f"card {late[0]}" if len(late) == 1
+                   else "cards " + ", ".join(str(k) for k in late))
+            raise CardError(f"device: {who}: the step at position {pos0} did not finish within "
                             f"{timeout_s:g} s (--timeout)") from None
         except DeviceError as e:
             raise CardError(f"device: {e}") from None

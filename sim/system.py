@@ -14,6 +14,16 @@ one-card appliance.
 stalls on AR, AW and W, held-back R beats and B responses and extra response latency on every
 AXI port of every card, and stalls of every link (sim/cpp/card_sim.cpp). A correct card gives
 bit-identical results with and without them, only later.
+
+``faults=[Fault(...), ...]`` (or ``set_fault`` later) injects faults at a card's ports: an
+error response (SLVERR or DECERR) to the n-th read or write burst of an HBM channel or of the
+instruction port, a port that stops answering from its n-th burst on (for a number of cycles
+or until ``reset``), a beat read with bits flipped (a corrupted instruction word), and a link
+that goes down after n frames for a number of cycles and comes back (``link_outage``). The
+faults are positions, not draws: a run with faults is as deterministic as one without, and
+with none set the models behave exactly as before (the same cycles). ``port_state`` tells what
+a port's model still has open, ``open_at_done`` what a card's ports had open when it raised
+ap_done (a clean stop leaves nothing), ``reset`` pulses every card's ap_rst_n.
 """
 
 import ctypes
@@ -29,10 +39,11 @@ import numpy as np
 
 from host.device import Device, DeviceError, DeviceTimeout
 from hw import regs
+from hw.isa import ERROR_CODES
 
 from .toolchain import verilator_env, verilator_root
 
-__all__ = ["build_card", "RtlDevice", "RtlAppliance", "Stalls"]
+__all__ = ["build_card", "RtlDevice", "RtlAppliance", "Stalls", "Fault", "FAULT_KINDS"]
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "sim" / "cpp" / "card_sim.cpp"
@@ -40,6 +51,7 @@ COMMON = ROOT / "sim" / "cpp" / "sim_common.h"
 LINT_VLT = ROOT / "gen" / "lint.vlt"
 BUILD_ROOT = ROOT / "sim_build"
 
+TIMEOUT = ERROR_CODES["TIMEOUT"]
 AXI_READ = ("arid", "araddr", "arlen", "arvalid", "arready", "rid", "rdata", "rresp", "rlast",
             "rvalid", "rready")
 AXI_WRITE = ("awid", "awaddr", "awlen", "awvalid", "awready", "wdata", "wstrb", "wlast", "wvalid",
@@ -80,6 +92,69 @@ class Stalls:
                 raise ValueError(f"{name}: got {v!r}; allowed: a probability in [0, 1)")
         if not isinstance(self.delay, int) or self.delay < 0:
             raise ValueError(f"delay: got {self.delay!r}; allowed: cycles >= 0")
+
+
+# Fault kinds (set_fault's kind numbers in sim/cpp/card_sim.cpp) and what each does.
+FAULT_KINDS = {
+    "read_error": (0, "the at-th read burst (AR) answered with resp on every beat"),
+    "write_error": (1, "the at-th write burst (AW) answered with resp"),
+    "no_r": (2, "no R beat once the at-th read burst's turn comes (ARs still taken), for cycles"),
+    "no_ar": (3, "ARREADY low for the at-th read burst and on, for cycles"),
+    "no_b": (4, "no B response once the at-th write burst's turn comes (AW and W still taken), "
+                "for cycles"),
+    "no_aw": (5, "AWREADY low for the at-th write burst and on, for cycles"),
+    "flip": (6, "the beat at byte addr read with mask XORed in (every time it is read)"),
+}
+RESP = {"SLVERR": 2, "DECERR": 3}
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault at one AXI port of one Verilated card (``FAULT_KINDS``), counted from the
+    moment it is set: burst numbers are the port's ARs or AWs from then on, 1-based.
+
+    Attributes
+    ----------
+    kind : str
+        A key of ``FAULT_KINDS``.
+    card : int
+    port : int or "insn"
+        The HBM channel (``m_axi_hbm<port>``), or the instruction port ``m_axi_insn``.
+    at : int
+        The burst it hits (errors) or from which the port is silent (``no_*``).
+    cycles : int
+        How long a ``no_*`` silence lasts; 0: until ``RtlAppliance.reset``.
+    resp : {"SLVERR", "DECERR"}
+        The error response of ``read_error`` and ``write_error``.
+    addr : int; mask : int
+        ``flip``: the byte address of the beat in the port's channel (the instruction port
+        reads channel 0) and the bits flipped in it (bit i of ``mask`` is bit i of the beat,
+        little endian).
+    """
+
+    kind: str
+    card: int = 0
+    port: int | str = 0
+    at: int = 1
+    cycles: int = 0
+    resp: str = "SLVERR"
+    addr: int = 0
+    mask: int = 0
+
+    def __post_init__(self):
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"kind: got {self.kind!r}; allowed: {', '.join(FAULT_KINDS)}")
+        if self.resp not in RESP:
+            raise ValueError(f"resp: got {self.resp!r}; allowed: {', '.join(RESP)}")
+        for name in ("at", "cycles", "addr", "mask", "card"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}: got {v!r}; allowed: an integer >= 0")
+        if self.at < 1:
+            raise ValueError(f"at: got {self.at}; allowed: 1 (the first burst) or later")
+        if self.port != "insn" and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                    or self.port < 0):
+            raise ValueError(f"port: got {self.port!r}; allowed: an HBM channel or 'insn'")
 
 
 def _ports_header(ports):
@@ -196,7 +271,7 @@ class RtlAppliance:
     """
 
     def __init__(self, cfg, cards=1, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
-                 seed=0, stalls=None):
+                 seed=0, stalls=None, faults=()):
         self.cfg, self.cards = cfg, cards
         if cards > 1 and not cfg.ring_links:
             raise ValueError(f"config {cfg.name!r} has cards: 1, so its card kernel has no ring links")
@@ -221,6 +296,18 @@ class RtlAppliance:
         L.link_stats.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         L.set_stalls.argtypes = [ctypes.c_void_p, ctypes.c_double, ctypes.c_double, ctypes.c_int,
                                  ctypes.c_double, ctypes.c_uint64]
+        L.set_fault.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint64,
+                                ctypes.c_uint64, ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p]
+        L.clear_faults.argtypes = [ctypes.c_void_p]
+        L.port_state.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        L.link_outage.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_uint64,
+                                  ctypes.c_uint64]
+        L.outage_lost.argtypes = [ctypes.c_void_p]
+        L.outage_lost.restype = ctypes.c_uint64
+        L.sim_reset.argtypes = [ctypes.c_void_p]
+        L.clock_n.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+        L.open_at_done.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        L.open_at_done.restype = ctypes.c_int64
         lat = cfg.hbm.latency_cycles if latency is None else latency
         bpc = cfg.hbm_channel_bytes_per_cycle if bytes_per_cycle is None else bytes_per_cycle
         self._sim = L.sim_new(cards, cfg.hbm.channels, cfg.hbm.channel_mbytes << 20, lat, bpc,
@@ -232,6 +319,8 @@ class RtlAppliance:
         if stalls is not None:
             self.set_stalls(stalls)
         self.devices = [RtlDevice(cfg, appliance=self, index=i) for i in range(cards)]
+        for f in faults:
+            self.set_fault(f)
 
     def close(self):
         if getattr(self, "_sim", None):
@@ -253,6 +342,85 @@ class RtlAppliance:
         if self._lib.set_link(self._sim, i, 0 if direction > 0 else 1, ber, drop) != 0:
             raise ValueError(f"link {i} out of range 0..{self.cards - 1}")
 
+    def _port(self, card, port):
+        if not 0 <= card < self.cards:
+            raise ValueError(f"card: got {card}; allowed: 0..{self.cards - 1}")
+        C = self.cfg.hbm.channels
+        if port == "insn":
+            return C
+        if not 0 <= port < C:
+            raise ValueError(f"port: got {port!r}; allowed: 0..{C - 1} (HBM channels) or 'insn'")
+        return port
+
+    def set_fault(self, fault):
+        """Inject ``fault`` (:class:`Fault`), counted from now."""
+        port = self._port(fault.card, fault.port)
+        beat = (self.cfg.hbm.data_bits if port < self.cfg.hbm.channels else 128) // 8
+        if fault.kind == "flip" and (fault.addr % beat or fault.mask >> (8 * beat)):
+            raise ValueError(f"flip: addr {fault.addr:#x} must be a multiple of the port's "
+                             f"{beat}-byte beat and mask fit in it")
+        mask = np.frombuffer(fault.mask.to_bytes(beat, "little"), np.uint8).copy()
+        rc = self._lib.set_fault(self._sim, fault.card, port, FAULT_KINDS[fault.kind][0], fault.at,
+                                 fault.cycles, RESP[fault.resp], fault.addr, mask.ctypes.data)
+        if rc != 0:
+            raise ValueError(f"{fault}: not possible on this port (the instruction port has no "
+                             f"writes)")
+
+    def clear_faults(self):
+        """Every fault of every port and link off."""
+        self._lib.clear_faults(self._sim)
+
+    def port_state(self, card, port):
+        """What the model of ``port`` (HBM channel or "insn") of ``card`` has open and has
+        done: read bursts accepted and unfinished, write bursts accepted and unanswered, W
+        beats ahead of their AW, a response shown and not taken; error responses given,
+        corrupted beats read; whether a silence is on."""
+        out = np.zeros(7, np.uint64)
+        self._lib.port_state(self._sim, card, self._port(card, port), out.ctypes.data)
+        return dict(zip(("reads_open", "writes_open", "w_beats_waiting", "response_held",
+                         "errors_given", "beats_flipped", "silent"), map(int, out), strict=True))
+
+    def open_transactions(self, card=None):
+        """{(card, port): state} of every port of ``card`` (or of every card) that still has a
+        transaction open; empty after a clean stop."""
+        cards = range(self.cards) if card is None else [card]
+        out = {}
+        for c in cards:
+            for port in [*range(self.cfg.hbm.channels), "insn"]:
+                st = self.port_state(c, port)
+                if st["reads_open"] or st["writes_open"] or st["w_beats_waiting"] or st["response_held"]:
+                    out[(c, port)] = st
+        return out
+
+    def open_at_done(self, card):
+        """Transactions the port models of ``card`` had open in the cycle its interrupt last
+        rose (ap_done): 0 when the kernel stopped cleanly."""
+        self._port(card, 0)
+        return int(self._lib.open_at_done(self._sim, card))
+
+    def link_outage(self, i, direction, *, after_frames, cycles):
+        """Link right[i] (direction +1: card i -> i + 1) or left[i] (-1: i + 1 -> i) goes down
+        once ``after_frames`` more frames have started on it, loses every beat sent for
+        ``cycles`` cycles, then comes back."""
+        if self._lib.link_outage(self._sim, i, 0 if direction > 0 else 1, after_frames, cycles) != 0:
+            raise ValueError(f"link {i} out of range 0..{self.cards - 1}")
+
+    def clock(self, cycles):
+        """Clock every card ``cycles`` cycles (interrupts or not)."""
+        self._lib.clock_n(self._sim, cycles)
+
+    def outage_lost(self):
+        """Beats lost to link outages so far, over every link."""
+        return int(self._lib.outage_lost(self._sim))
+
+    def reset(self):
+        """Pulse every card's ap_rst_n (8 cycles): the kernels start afresh (their argument
+        registers too), the memory models forget their open transactions and faults, the links
+        are emptied; HBM contents stay."""
+        self._lib.sim_reset(self._sim)
+        for dev in self.devices:
+            dev._may_be_busy = False
+
     def link_stats(self):
         out = np.zeros(4, np.uint64)
         self._lib.link_stats(self._sim, out.ctypes.data)
@@ -262,13 +430,22 @@ class RtlAppliance:
         t0 = time.monotonic()
         while self._lib.run(self._sim, mask, chunk) < 0:
             if time.monotonic() - t0 > timeout_s:
-                raise DeviceTimeout(f"{what} did not finish within {timeout_s:g} s "
+                late = [k for k in range(self.cards) if mask >> k & 1
+                        and self._lib.run(self._sim, 1 << k, 1) < 0]
+                for k in late:
+                    self.devices[k]._may_be_busy = True
+                err = DeviceTimeout(f"{what} did not finish within {timeout_s:g} s "
                                     f"({self._lib.cycles(self._sim)} cycles simulated)")
+                err.cards = late or [k for k in range(self.cards) if mask >> k & 1]
+                raise err
 
     def run(self, programs, prog_addr, *, timeout_s=600.0):
         """Load ``programs[i]`` into card i at ``prog_addr`` (one address or one per card), start
         every card and wait for all; returns the status words."""
         addrs = prog_addr if isinstance(prog_addr, (list, tuple)) else [prog_addr] * self.cards
+        for dev in self.devices:         # none starts unless all can
+            if dev._may_be_busy:
+                dev.check_idle()
         for i, (dev, words, addr) in enumerate(zip(self.devices, programs, addrs, strict=True)):
             dev.load_program(words, addr)
             dev.write_reg(regs.ARGS["card"][0], regs.card_register(
@@ -284,11 +461,11 @@ class RtlDevice(Device):
     ``index`` of an ``RtlAppliance``."""
 
     def __init__(self, cfg, *, lib=None, latency=None, bytes_per_cycle=None, watchdog=None,
-                 appliance=None, index=0, stalls=None):
+                 appliance=None, index=0, stalls=None, faults=()):
         self.cfg = cfg
         if appliance is None:
             appliance = RtlAppliance(cfg, 1, lib=lib, latency=latency, bytes_per_cycle=bytes_per_cycle,
-                                     watchdog=watchdog, stalls=stalls)
+                                     watchdog=watchdog, stalls=stalls, faults=faults)
             self._own = appliance              # a one-card appliance lives as long as its device
         self._app, self.index = appliance, index
         self._lib = appliance._lib
@@ -324,7 +501,31 @@ class RtlDevice(Device):
             raise DeviceError(f"register read of {addr:#x} got no response")
         return int(v)
 
+    # Set when the card may still be busy although it answered (a TIMEOUT) or was left
+    # running (the host's timeout): the next start asks the kernel's ap_idle first. (Only
+    # then, so that a run after a clean one takes no extra register read: the cycles of
+    # stalled runs stay the same.)
+    _may_be_busy = False
+
+    def check_idle(self):
+        """DeviceError (one line naming the card) unless the kernel reports ap_idle: after a
+        TIMEOUT it stays busy until every access it had open is answered, and refuses a start
+        until then (or a reset)."""
+        if self.read_reg(regs.CTRL) & 0x4:
+            self._may_be_busy = False
+        else:
+            raise DeviceError(f"card {self.index} is still busy from its last run (an HBM or link "
+                              f"access it started has not completed, e.g. after a TIMEOUT); it "
+                              f"refuses a new start until that completes or the card is reset")
+
+    def load_program(self, words, prog_addr):
+        if self._may_be_busy:            # not under a kernel that may still read it
+            self.check_idle()
+        super().load_program(words, prog_addr)
+
     def start(self):
+        if self._may_be_busy:
+            self.check_idle()
         self.write_reg(regs.GIE, 1)
         self.write_reg(regs.IER, 1)
         self.write_reg(regs.CTRL, 1)
@@ -333,11 +534,18 @@ class RtlDevice(Device):
         """After the interrupt: clear ap_done and the interrupt; returns the status word."""
         self.read_reg(regs.CTRL)          # clears ap_done
         self.write_reg(regs.ISR, 1)       # clears the interrupt (toggle on write)
-        return self.read_reg(regs.COUNTERS["status"][0])
+        status = self.read_reg(regs.COUNTERS["status"][0])
+        if status & 0xFF == TIMEOUT:
+            self._may_be_busy = True
+        return status
 
     def wait(self, timeout_s, *, chunk=200_000):
         """Clock until ap_done (interrupt); DeviceTimeout after ``timeout_s`` of wall time."""
-        self._app._clock_until(1 << self.index, timeout_s, "the card", chunk)
+        try:
+            self._app._clock_until(1 << self.index, timeout_s, f"card {self.index}", chunk)
+        except DeviceTimeout:
+            self._may_be_busy = True
+            raise
         return self.finish()
 
 

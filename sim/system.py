@@ -493,12 +493,14 @@ class RtlDevice(Device):
 
     def write_reg(self, addr, value):
         if self._lib.reg_write(self._sim, self.index, addr, value & 0xFFFFFFFF) != 0:
-            raise DeviceError(f"register write to {addr:#x} got no response")
+            raise DeviceError(f"card {self.index}: register write to {addr:#x} got no response "
+                              f"within 1000 cycles")
 
     def read_reg(self, addr):
         v = self._lib.reg_read(self._sim, self.index, addr)
         if v < 0:
-            raise DeviceError(f"register read of {addr:#x} got no response")
+            raise DeviceError(f"card {self.index}: register read of {addr:#x} got no response within "
+                              f"1000 cycles")
         return int(v)
 
     # Set when the card may still be busy although it answered (a TIMEOUT) or was left

@@ -25,6 +25,12 @@ import yaml
 from hw.isa import MAX_TOKENS
 from hw.ring import MIN_LINK_BITS, MIN_RING_LINK_BITS
 
+# The device a card is built for (an Alveo U280): what one card's matrix unit and weight FIFO
+# may take of it. gptfpga synth counts the whole card against the same device (gen/synth.py).
+DEVICE = "an Alveo U280"
+DEVICE_DSPS = 9_024                     # DSP48E2 slices
+DEVICE_URAM_BITS = 960 * 4096 * 72      # 960 URAM288 blocks
+
 __all__ = [
     "ConfigError",
     "CoreConfig",
@@ -163,6 +169,21 @@ class ApplianceConfig:
     link: LinkConfig = _spec(LinkConfig, "ring links")
 
     def __post_init__(self):
+        c = self.core
+        macs = c.lanes * c.width * c.reuse
+        if macs > DEVICE_DSPS:
+            raise ConfigError(
+                f"core.lanes x core.width x core.reuse: got {c.lanes} x {c.width} x {c.reuse} = "
+                f"{macs:,} multipliers a cycle, one DSP each; allowed: at most {DEVICE_DSPS:,} "
+                f"(the DSP slices of {DEVICE}), {macs - DEVICE_DSPS:,} too many")
+        fifo_bits = c.weight_fifo_tiles * self.stripe_bytes * 8
+        if fifo_bits > DEVICE_URAM_BITS:
+            most = DEVICE_URAM_BITS // (self.stripe_bytes * 8)
+            raise ConfigError(
+                f"core.weight_fifo_tiles: got {c.weight_fifo_tiles:,} tiles of {self.stripe_bytes:,} "
+                f"bytes = {fifo_bits / 8 / 2**20:.1f} MiB; allowed: at most {most:,} tiles (the "
+                f"{DEVICE_URAM_BITS / 8 / 2**20:.2f} MiB of URAM of {DEVICE}), "
+                f"{c.weight_fifo_tiles - most:,} too many")
         need, have = self.weight_bytes_per_cycle, self.hbm_port_bytes_per_cycle
         if need != have:
             raise ConfigError(

@@ -25,6 +25,20 @@ def configs_md():
              "unless it has a default.", "",
              "| key | allowed | meaning |", "|---|---|---|"]
     lines += [f"| `{k}` | {a} | {d} |" for k, a, d in schema_rows()]
+    from gen.config import DEVICE, DEVICE_DSPS, DEVICE_URAM_BITS
+    lines += ["", "Checked across keys (each refused with one line naming the key, the value and "
+              "what is allowed; the device limits also by how much):", "",
+              f"- `core.lanes` x `core.width` x `core.reuse` multipliers (one DSP each) at most "
+              f"{DEVICE_DSPS:,}, the DSP slices of {DEVICE};",
+              f"- the weight FIFO, `core.weight_fifo_tiles` stripes of all channels, at most "
+              f"{DEVICE_URAM_BITS / 8 / 2**20:.2f} MiB, the URAM of {DEVICE};",
+              "- a weight tile is one stripe: `core.lanes` x `core.width` x 2 bytes = "
+              "`hbm.channels` x `hbm.data_bits` / 8;",
+              "- `core.weight_dtype: int8` needs `core.reuse` >= 2;",
+              "- `core.vector_lanes` divides `core.lanes`; a VSP segment holds at least 4 "
+              "rows; `core.xb_words` >= `core.width`;",
+              "- with `cards` > 1, what the collective unit needs of `link.data_bits` "
+              "(docs/collectives.md)."]
     return "\n".join(lines) + "\n"
 
 

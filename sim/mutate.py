@@ -130,7 +130,7 @@ def prove_equivalent(mutants, k, *, depth, timeout=600):
     wd = mutants.workdir
     (wd / f"eq_{k}.v").write_text("\n".join(lines) + "\n")
     script = (f"read_rtlil mutated.il\nread_verilog eq_{k}.v\nhierarchy -top eq_top\nflatten\n"
-              f"opt -fast\nsat -tempinduct -prove diff 0 -set-init-zero -maxsteps {depth} -verify\n")
+              f"memory\nopt -fast\nsat -tempinduct -prove diff 0 -set-init-zero -maxsteps {depth} -verify\n")
     try:
         proc = run_yosys(script, wd, f"eq_{k}.log", check=False, timeout=timeout)
     except subprocess.TimeoutExpired:

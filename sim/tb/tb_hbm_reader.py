@@ -169,6 +169,9 @@ async def run_random(dut, seed, n_cmds, **stalls):
         assert last == int(ref_last), f"seed {seed}: beat {i} last={last}, expected {int(ref_last)}"
     assert tb.inflight_violation is None, f"seed {seed}: {tb.inflight_violation} bursts in flight"
     assert int(dut.error.value) == 0, f"seed {seed}: error flags {int(dut.error.value)}"
+    # every beat delivered and 50 cycles since: nothing in flight, so the engine is idle
+    # (a mutant holding busy high survived without this: sim/mutate.py)
+    assert int(dut.busy.value) == 0, f"seed {seed}: busy after every beat was delivered"
     return tb
 
 

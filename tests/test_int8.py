@@ -82,7 +82,8 @@ def test_quantize_rows_refuses_non_finite(bad):
 # -- the reference dot product -------------------------------------------------------------
 
 def _x(rng, n, W):
-    return (rng.standard_normal((n, W)) * np.exp2(rng.integers(-6, 6, (n, W)))).astype(np.float16).view(np.uint16)
+    x = rng.standard_normal((n, W)) * np.exp2(rng.integers(-6, 6, (n, W)))
+    return x.astype(np.float16).view(np.uint16)
 
 
 def test_i8_dot_is_bfp_dot_of_the_integers(seed):
@@ -128,7 +129,6 @@ def test_i8_dot_scale_and_range(seed):
 
 
 def test_i8_dot_specials():
-    W = 4
     one = np.float16(1).view(np.uint16)
     inf, nan = np.float16(np.inf).view(np.uint16), np.float16(np.nan).view(np.uint16)
     ninf = np.float16(-np.inf).view(np.uint16)

@@ -56,7 +56,8 @@ def main():
     corpus = (ROOT / "tools" / "demo_corpus.txt").read_text()
     texts = {"training text": tok.encode(corpus)[200:200 + n], "held-out text": tok.encode(HELD_OUT)[:n]}
     sh = model.shape
-    print("| text | tokens | float64 | fp16 weights (ISS) | int8 weights (ISS) | worst logit error, fp16 | int8 |")
+    print("| text | tokens | float64 | fp16 weights (ISS) | int8 weights (ISS) "
+          "| worst logit error, fp16 | int8 |")
     print("|---|---|---|---|---|---|---|")
     for name, ids in texts.items():
         f64 = ref.forward(model.weights, ids, sh.n_head, sh.n_layer, sh.eps)

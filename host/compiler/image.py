@@ -164,7 +164,8 @@ def _matrix(img, L, W, rows, cols, mat, *, folded=False):
         try:
             q, e = quantize_rows(mat, keep_sum=folded)
         except ValueError as err:
-            raise UserError(f"model: a {rows} x {cols} weight matrix cannot be quantized to int8: {err}") from None
+            raise UserError(f"model: a {rows} x {cols} weight matrix cannot be quantized to int8: "
+                            f"{err}") from None
         img.note_quant(mat, q, e)
         data, rb, cb = i8_stream(q, e, L2, W, GROUP, img.S)
         row, _ = img.alloc(data.nbytes, data)

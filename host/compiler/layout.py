@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GROUP", "round_up", "tiles_in_stream_order", "i8_stream", "stream_tiles", "Dims", "KvLayout", "ParamLayout",
+__all__ = ["GROUP", "round_up", "tiles_in_stream_order", "i8_stream", "stream_tiles",
+           "Dims", "KvLayout", "ParamLayout",
            "param_align"]
 
 GROUP = 8           # row blocks per group: >= the accumulator's reuse distance (Fp32Add + 2)

@@ -27,8 +27,8 @@ from .fp import F32_QNAN, round_pack32
 from .pipe import delay
 from .tables import A_BITS, B_BITS
 
-__all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32", "DotLane", "DotArray", "Fp16Dot",
-           "I8Dot"]
+__all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32",
+           "DotLane", "DotArray", "Fp16Dot", "I8Dot"]
 
 # An element's class beside its aligned value: bits of BlockAlign.flags, per element.
 NAN, INF, ZERO, SIGN = range(4)

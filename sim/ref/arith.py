@@ -27,7 +27,8 @@ from hw.arith import tables as T
 __all__ = [
     "F32_QNAN", "F16_QNAN",
     "fp16_mul_to_fp32", "fp32_add", "fp32_mul", "fp16_to_fp32", "fp32_to_fp16", "fp32_max",
-    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "i8_dot", "exp", "recip", "rsqrt", "gelu",
+    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "i8_dot", "exp", "recip",
+    "rsqrt", "gelu",
     "f32", "bits32", "EXP_TABLE", "RECIP_SEED", "RSQRT_SEED",
 ]
 

@@ -275,12 +275,10 @@ class Appliance:
         """With int8 weights (``core.weight_dtype``), the quantization's relative error per
         weight row, |w - q scale| / |w|, over every card's matrices: (largest, mean); None with
         fp16 weights. Compiles the model if it is not yet."""
+        from .compiler.image import quant_summary
         self.prepare()
-        parts = [q for cm in self._cards.cms for q in cm.img.quant]
-        if not parts:
-            return None
-        return (round(max(q[0] for q in parts), 6),
-                round(sum(q[1] for q in parts) / sum(q[2] for q in parts), 6))
+        err = quant_summary([q for cm in self._cards.cms for q in cm.img.quant])
+        return None if err is None else (round(err[0], 6), round(err[1], 6))
 
     def encode(self, prompt):
         """Token ids of a text prompt (UserError without a tokenizer)."""

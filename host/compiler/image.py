@@ -28,12 +28,21 @@ from .layout import GROUP, i8_stream, round_up, stream_tiles, tiles_in_stream_or
 from .quant import quantize_rows
 from .schedule import mlp_proj_split
 
-__all__ = ["HbmImage", "Matrix", "LayerRows", "HbmLayout", "build_image", "ROW_BITS", "PROGRAM_GAP_ROWS"]
+__all__ = ["quant_summary", "HbmImage", "Matrix", "LayerRows", "HbmLayout", "build_image", "ROW_BITS",
+           "PROGRAM_GAP_ROWS"]
 
 # The instructions' stripe-row fields (LOAD, STORE, WLOAD, COLL's HBM rows) are ROW_BITS wide:
 # everything but the program must lie in the first 2^ROW_BITS rows.
 ROW_BITS = min(f.bits for fmt in FORMATS for f in fmt.fields if f.name == "row")
 PROGRAM_GAP_ROWS = 4        # rows left free between the last allocation and the program
+
+
+def quant_summary(entries):
+    """(largest, mean) relative error per row of ``HbmImage.quant`` entries (largest, sum,
+    rows), pooled over any number of matrices and images; None if there are none."""
+    if not entries:
+        return None
+    return max(q[0] for q in entries), sum(q[1] for q in entries) / sum(q[2] for q in entries)
 
 
 class HbmImage:
@@ -67,9 +76,7 @@ class HbmImage:
 
     def quant_error(self):
         """(largest, mean) relative error per row over every int8 matrix, or None."""
-        if not self.quant:
-            return None
-        return max(q[0] for q in self.quant), sum(q[1] for q in self.quant) / sum(q[2] for q in self.quant)
+        return quant_summary(self.quant)
 
     def alloc(self, nbytes, data=None):
         """(first row, rows) of ``nbytes`` bytes (at least one row), holding ``data`` if given."""

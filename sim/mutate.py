@@ -33,9 +33,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amaranth.hdl import ClockSignal, Instance, Module, ResetSignal, Signal
+from amaranth.hdl import ClockSignal, Instance, Module, ResetSignal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
+
+from hw.arith.pipe import delay
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "mutate"
@@ -166,12 +168,8 @@ class MutantArray(wiring.Component):
                 w = self._m.ports[p][0]
                 kw[f"i_{p}"] = getattr(self, f"in_{name}")[k * w:(k + 1) * w]
             m.submodules[f"lane{k}"] = Instance(self._m.module, **kw)
-        valid = self.in_valid
-        for i in range(self.latency):
-            r = Signal(name=f"valid{i + 1}")
-            m.d.sync += r.eq(valid)
-            valid = r
-        m.d.comb += self.out_valid.eq(valid)
+        chain = delay(m, self.in_valid, self.latency, name="valid")
+        m.d.comb += self.out_valid.eq(chain[-1] if chain else self.in_valid)
         return m
 
 

@@ -289,8 +289,8 @@ class CardModel:
                 lpr = self.lpr * (2 if i8 else 1)
                 k = rb * cb + (-(-rb // grp) if i8 else 0)
                 first = max(t + 1 + o.mpu_start, mpu_last_step + 1)
-                if f["bias_en"]:
-                    first += min(grp, rb) * lpr + 2
+                if f["bias_en"]:        # the first group's bias rows (each token's with btok)
+                    first += min(grp, rb) * lpr * (T if f.get("btok", 0) else 1) + 2
                 # the tiles of this MATVEC in stream order, and the minimum spacing of steps
                 gaps = []
                 # cycles a tile is held: ceil(T / R), with i8 ceil(2T / R)
@@ -355,7 +355,8 @@ class CardModel:
             rbl = f["rb"] * self.L * (2 if f.get("i8", 0) else 1)
             reads = [("xb", f["xb"], f["xb"] + (T - 1) * f["xstride"] + f["cb"] * self.W)]
             if f["bias_en"]:
-                reads.append(("vsp", f["bias"], f["bias"] + rbl))
+                bspan = (T - 1) * f["dstride"] + rbl if f.get("btok", 0) else rbl
+                reads.append(("vsp", f["bias"], f["bias"] + bspan))
             return reads, [("vsp", f["dst"], f["dst"] + (T - 1) * f["dstride"] + rbl)]
         if op == "VEC":
             vop = f["vop"]

@@ -101,12 +101,16 @@ FORMATS = (
                    "(the V cache's layout, where a new position's column is contiguous)"),
         F("i8", 1, "the tiles are int8 weights with a scale per row (core.weight_dtype int8 "
                    "builds; not with tt)"),
+        F("btok", 1, "with bias_en: each token has its own bias, token t's at bias + t*dstride "
+                     "(a decode batch's streams, each starting from its own residual)"),
     ), "For each token t and row r < rb*lanes: VSP[dst + t*dstride + r] = bias[r] + sum over "
        "column blocks c of dot(W[r, cW:(c+1)W], XB[xb + t*xstride + cW : ...]) (the block "
        "floating-point dot product of docs/numerics.md, fp32), consuming "
        "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "
        "group, column block by column block; within that, row block by row block. group x "
-       f"tokens <= {ACC_DEPTH} (the accumulator depth). With i8 a tile (a stripe row) holds "
+       f"tokens <= {ACC_DEPTH} (the accumulator depth). With btok the bias is "
+       "bias[t*dstride + r], token t's own (it may be dst itself: in place, token by token). "
+       "With i8 a tile (a stripe row) holds "
        "2*lanes rows of width int8 weights, row r at bytes [r*width, (r+1)*width), so a row "
        "block is 2*lanes rows (r < rb*2*lanes), and each group's tiles are preceded in the "
        "stream by one stripe row of its rows' scales, one byte E a row (the scale is "

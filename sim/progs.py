@@ -131,14 +131,15 @@ class ProgramGen:
         f = {"xb": xb, "dst": dst, "rb": rb, "cb": cb, "group": group, "tokens": T,
              "xstride": xstride, "dstride": dstride, "tt": int(r.random() < 0.3)}
         if r.random() < 0.5:
-            if T == 1 and r.random() < 0.3:
+            btok = T > 1 and r.random() < 0.4      # a bias per token, at the output's stride
+            if (T == 1 or btok) and r.random() < 0.3:
                 f["bias"] = dst
             else:
-                b = self._disjoint(rb * L, P, [(dst, dspan)], self.vlimit)
+                b = self._disjoint(dspan if btok else rb * L, P, [(dst, dspan)], self.vlimit)
                 if b is None:
                     return []
                 f["bias"] = b
-            f["bias_en"] = 1
+            f["bias_en"], f["btok"] = 1, int(btok)
         tiles = rb * cb
         out = []
         # Stream the tiles in one or two WLOADs; vector work may sit between them and the MATVEC.

@@ -65,13 +65,16 @@ def test_random_programs(rtl_card, seed):
         prog = gen.program(int(rng.integers(5, 40)))
         from hw.isa import decode
         ops |= {decode(w).op + (f".{decode(w).vop}" if decode(w).op == "VEC" else "") for w in prog}
+        ops |= {"MATVEC.btok" for w in prog if decode(w).op == "MATVEC"
+                and decode(w).btok and decode(w).bias_en and decode(w).tokens > 1}
         try:
             c = _compare(cfg, lay, iss, rtl, prog)
         except AssertionError as e:
             raise AssertionError(f"program {k} (seed {seed}): {e}") from None
         assert c["status"] & 0xFF == 0
     from hw.isa import OPCODES, VOPS
-    expected = {o for o in OPCODES if o not in ("VEC", "COLL")} | {f"VEC.{c}" for c, _, _ in VOPS.values()}
+    expected = ({o for o in OPCODES if o not in ("VEC", "COLL")} | {f"VEC.{c}" for c, _, _ in VOPS.values()}
+                | {"MATVEC.btok"})
     assert expected <= ops, f"not covered: {expected - ops}"
 
 

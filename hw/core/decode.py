@@ -178,7 +178,8 @@ class Decoder(wiring.Component):
         m.d.comb += dspan.eq((T - 1) * f.dstride + rbl)
         xspan = Signal(24)
         m.d.comb += xspan.eq((T - 1) * f.xstride + (f.cb << wl))
-        bias_lo, bias_hi = f.bias, f.bias + rbl
+        btok = f.bias_en & f.btok             # a bias per token, at the output's stride
+        bias_lo, bias_hi = f.bias, f.bias + Mux(btok, dspan, rbl)
         dst_lo, dst_hi = f.dst, f.dst + dspan
         pl = (self.P - 1).bit_length()
         m.d.comb += d.err.eq(_first([
@@ -189,7 +190,7 @@ class Decoder(wiring.Component):
              | ((f.dst[0:pl] != 0) | (multi & (f.dstride[0:pl] != 0))
                 | (f.bias_en & (f.bias[0:pl] != 0)) if pl else Const(0, 1)),
              E["ALIGN"]),
-            (f.bias_en & ~(~multi & (f.bias == f.dst))
+            (f.bias_en & ~((~multi | btok) & (f.bias == f.dst))
              & (bias_lo < dst_hi) & (dst_lo < bias_hi), E["OVERLAP"]),
             ((dst_hi > self.vsp_words) | (f.bias_en & (bias_hi > self.vsp_words)), E["VSP_RANGE"]),
             (f.xb + xspan > self.xb_words, E["XB_RANGE"]),

@@ -110,7 +110,7 @@ class Mpu(wiring.Component):
         m.submodules.seq = seq = MpuSequencer(lanes=L, width=W, vector_lanes=P, vsp_row_bits=rows,
                                               xb_row_bits=self.xb_row_bits,
                                               window=Fp32Add.LATENCY + 1, reuse=R)
-        m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows)
+        m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows, reuse=R)
         m.submodules.mac = mac = MacArray(lanes=L, width=W, channels=self.C, reuse=R)
         m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 2, reuse=R)
         m.submodules.out = out = OutWriter(lanes=L, vector_lanes=P, row_bits=rows, reuse=R)
@@ -120,7 +120,7 @@ class Mpu(wiring.Component):
         m.d.comb += [seq.tile_valid.eq(self.wf.avail), seq.bias_ready.eq(bias.ready),
                      seq.credit.eq(out.credit), self.starve.eq(seq.starve),
                      bias.mv.eq(seq.mv), bias.active.eq(seq.active), bias.begin.eq(seq.begin),
-                     bias.block.eq(seq.block), bias.free.eq(seq.group_done),
+                     bias.block.eq(seq.block), bias.slot.eq(seq.slot), bias.free.eq(seq.group_done),
                      out.claim.eq(seq.claim)]
         wiring.connect(m, bias.r, wiring.flipped(self.r_bias))
 

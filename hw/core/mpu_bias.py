@@ -17,24 +17,31 @@ __all__ = ["BiasBanks"]
 
 
 class BiasBanks(wiring.Component):
-    """Two banks of ``ACC_DEPTH`` rows of ``lanes`` fp32 words: the bias of the group being
-    issued, and the next group's, loaded group after group into alternate banks.
+    """Two banks of ``ACC_DEPTH`` rows of ``reuse`` x ``lanes`` fp32 words: the bias of the group
+    being issued, and the next group's, loaded group after group into alternate banks.
+
+    A row serves one step: its ``reuse`` tokens' biases side by side. A shared bias (the
+    MATVEC's one vector) is written into every token's place of the row of its row block; a
+    bias per token (``btok``) into the row of its accumulator slot (row block, token group),
+    token t's at place t mod ``reuse``.
 
     Parameters
     ----------
     lanes, vector_lanes, vsp_row_bits : int
+    reuse : int
+        Tokens a step (R).
 
     Members
     -------
     mv : ``In(MatvecCmd)``; active : ``In(1)``
-        The MATVEC being issued (its bias, rb, group, bias_en).
+        The MATVEC being issued (its bias, dstride, rb, group, tokens, bias_en, btok).
     begin : ``In(1)``
         A MATVEC is taken: both banks empty, loading starts over from group 0.
     r : ``Out(ReadPort)``
         VSP reads of the bias.
-    block : ``In(SLOT_BITS)``
-        Row block of the issuing step in its group.
-    data : ``Out(32 * lanes)``
+    block, slot : ``In(SLOT_BITS)``
+        Row block of the issuing step in its group, and its accumulator slot.
+    data : ``Out(32 * lanes * reuse)``
         Its bias row from the issuing bank: a synchronous read, valid one cycle after issue.
     ready : ``Out(1)``
         The issuing bank is loaded.
@@ -42,51 +49,95 @@ class BiasBanks(wiring.Component):
         The issuing group's last step issues: its bank empties, the next bank issues.
     """
 
-    def __init__(self, *, lanes, vector_lanes, vsp_row_bits):
-        self._lanes, self._vlanes = lanes, vector_lanes
+    def __init__(self, *, lanes, vector_lanes, vsp_row_bits, reuse=1):
+        self._lanes, self._vlanes, self._reuse = lanes, vector_lanes, reuse
         super().__init__({
             "mv": In(MatvecCmd), "active": In(1), "begin": In(1),
             "r": Out(ReadPort(vsp_row_bits, vector_lanes)),
-            "block": In(SLOT_BITS), "data": Out(32 * lanes), "ready": Out(1), "free": In(1),
+            "block": In(SLOT_BITS), "slot": In(SLOT_BITS), "data": Out(32 * lanes * reuse),
+            "ready": Out(1), "free": In(1),
         })
 
     def elaborate(self, platform):
         m = Module()
-        P, mv = self._vlanes, self.mv
+        P, L, R, mv = self._vlanes, self._lanes, self._reuse, self.mv
         pshift = (P - 1).bit_length()
-        lpr = self._lanes // P                   # VSP rows per bias row
-        m.submodules.mem = mem = Memory(shape=32 * self._lanes, depth=2 * ACC_DEPTH, init=[])
+        rshift = (R - 1).bit_length()
+        lpr = L // P                              # VSP rows per bias row of one token
+        m.submodules.mem = mem = Memory(shape=32 * L * R, depth=2 * ACC_DEPTH, init=[])
         bw = mem.write_port(granularity=32)
         br = mem.read_port(transparent_for=())
+        btok = mv.bias_en & mv.btok
         bank = Signal()                  # bank of the group being issued
         bank_ready = Signal(2)
-        m.d.comb += [br.addr.eq(Cat(self.block, bank)), br.en.eq(1), self.data.eq(br.data),
-                     self.ready.eq(bank_ready.bit_select(bank, 1))]
+        m.d.comb += [br.addr.eq(Cat(Mux(btok, self.slot, self.block), bank)), br.en.eq(1),
+                     self.data.eq(br.data), self.ready.eq(bank_ready.bit_select(bank, 1))]
 
-        # The loader: a group's VSP rows into its bank, row k into bias row k // lpr.
+        # The loader: a group's VSP rows into its bank. Requests walk row block, token (btok),
+        # VSP row of the token's bias row; the responses come back in order and walk the same.
         ld_active = Signal()
         ld_bank = Signal()
-        ld_g0 = Signal(16)               # group being loaded
-        ld_rows = Signal(16)             # VSP rows to read for it
+        ld_rows = Signal(16)             # VSP rows to read for the group
         ld_req = Signal(16)
         ld_got = Signal(16)
         ld_next_g0 = Signal(16)          # next group to load
         ld_done_all = Signal()
+        ntok = Mux(btok, mv.tokens, 1)   # bias rows a row block
+        ds = mv.dstride >> pshift        # VSP rows from one token's bias to the next
+        # the request side: its row block's first VSP row, its token's, its place in that
+        q_rbase = Signal(len(self.r.req.payload))
+        q_tbase = Signal(len(self.r.req.payload))
+        q_sub = Signal(range(max(lpr, 2)))
+        q_t = Signal(4)
         m.d.comb += [self.r.req.valid.eq(ld_active & (ld_req < ld_rows)),
-                     self.r.req.payload.eq((mv.bias >> pshift) + ld_g0 * lpr + ld_req)]
+                     self.r.req.payload.eq(q_tbase + q_sub)]
         with m.If(self.r.req.valid & self.r.req.ready):
             m.d.sync += ld_req.eq(ld_req + 1)
-        got_row = ld_got >> (lpr - 1).bit_length() if lpr > 1 else ld_got
-        got_sub = ld_got[0:(lpr - 1).bit_length()] if lpr > 1 else Const(0, 1)
-        m.d.comb += [bw.addr.eq(Cat(got_row[0:SLOT_BITS], ld_bank)),
-                     bw.data.eq(Cat(*([self.r.resp.payload] * lpr))),
-                     bw.en.eq(Mux(self.r.resp.valid, ((1 << P) - 1) << (got_sub * P), 0))]
+            with m.If(q_sub != lpr - 1):
+                m.d.sync += q_sub.eq(q_sub + 1)
+            with m.Else():
+                m.d.sync += q_sub.eq(0)
+                with m.If(q_t != ntok - 1):
+                    m.d.sync += [q_t.eq(q_t + 1), q_tbase.eq(q_tbase + ds)]
+                with m.Else():
+                    m.d.sync += [q_t.eq(0), q_rbase.eq(q_rbase + lpr), q_tbase.eq(q_rbase + lpr)]
+        # the response side: the bank row (block, or slot with btok) and the place in it
+        g_srow = Signal(SLOT_BITS + 1)   # bank row of the row block's first token group
+        g_row = Signal(SLOT_BITS + 1)
+        g_sub = Signal(range(max(lpr, 2)))
+        g_t = Signal(4)
+        ntg = Mux(btok, (mv.tokens + (R - 1)) >> rshift, 1)      # bank rows a row block
+        place = Const(0, 1) if R == 1 else g_t[0:rshift]
+        words = ((1 << P) - 1)
+        one = Signal(L * R)              # btok: the token's place only
+        every = Signal(L * R)            # shared: every token's place
+        m.d.comb += [one.eq(Const(words, L * R) << (place * L + g_sub * P)),
+                     every.eq(Cat(*([(Const(words, L) << (g_sub * P))[0:L]] * R)))]
+        m.d.comb += [bw.addr.eq(Cat(g_row[0:SLOT_BITS], ld_bank)),
+                     bw.data.eq(Cat(*([self.r.resp.payload] * (lpr * R)))),
+                     bw.en.eq(Mux(self.r.resp.valid, Mux(btok, one, every), 0))]
         with m.If(self.r.resp.valid):
             m.d.sync += ld_got.eq(ld_got + 1)
+            with m.If(g_sub != lpr - 1):
+                m.d.sync += g_sub.eq(g_sub + 1)
+            with m.Else():
+                m.d.sync += g_sub.eq(0)
+                with m.If(g_t != ntok - 1):
+                    m.d.sync += g_t.eq(g_t + 1)
+                    if R > 1:
+                        with m.If(place == R - 1):
+                            m.d.sync += g_row.eq(g_row + 1)
+                    else:
+                        m.d.sync += g_row.eq(g_row + 1)
+                with m.Else():
+                    m.d.sync += [g_t.eq(0), g_srow.eq(g_srow + ntg), g_row.eq(g_srow + ntg)]
         with m.If(self.active & mv.bias_en & ~ld_active & ~ld_done_all &
                   ~bank_ready.bit_select(ld_bank, 1)):
-            m.d.sync += [ld_active.eq(1), ld_g0.eq(ld_next_g0), ld_req.eq(0), ld_got.eq(0),
-                         ld_rows.eq(group_rows(mv, ld_next_g0) * lpr)]
+            base = (mv.bias >> pshift) + ld_next_g0 * lpr
+            m.d.sync += [ld_active.eq(1), ld_req.eq(0), ld_got.eq(0),
+                         ld_rows.eq(group_rows(mv, ld_next_g0) * lpr * ntok),
+                         q_rbase.eq(base), q_tbase.eq(base), q_sub.eq(0), q_t.eq(0),
+                         g_srow.eq(0), g_row.eq(0), g_sub.eq(0), g_t.eq(0)]
         # After a load finishes, move on to the next group and bank.
         with m.If(ld_active & (ld_got == ld_rows)):
             nxt = ld_next_g0 + group_rows(mv, ld_next_g0)

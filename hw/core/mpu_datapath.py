@@ -97,7 +97,7 @@ class Accumulators(wiring.Component):
     group) of a MATVEC group.
 
     A step's partial sums are added to its slot (to the bias, or -0, on the first column
-    block: one bias row for all its tokens); the sum goes back into the slot, or out after the
+    block: each token's bias, the same row for all unless the MATVEC has one per token); the sum goes back into the slot, or out after the
     last column block. The step's metadata and bias, taken at the tile register's stage, are
     delayed to stage X beside the arithmetic.
 
@@ -109,8 +109,8 @@ class Accumulators(wiring.Component):
 
     Members
     -------
-    meta : ``In(step_layout(row_bits, reuse))``; bias : ``In(32 * lanes)``
-        The step's metadata and bias row at the tile register's stage.
+    meta : ``In(step_layout(row_bits, reuse))``; bias : ``In(32 * lanes * reuse)``
+        The step's metadata and its tokens' bias rows at the tile register's stage.
     partial : ``In(32 * lanes * reuse)``
         Its partial sums at stage X.
     o : ``Out(stream.Signature(out_layout(lanes, row_bits, reuse), always_ready=True))``
@@ -120,7 +120,7 @@ class Accumulators(wiring.Component):
     def __init__(self, *, lanes, row_bits, align, reuse=1):
         self._lanes, self._align, self._reuse = lanes, align, reuse
         super().__init__({
-            "meta": In(step_layout(row_bits, reuse)), "bias": In(32 * lanes),
+            "meta": In(step_layout(row_bits, reuse)), "bias": In(32 * lanes * reuse),
             "partial": In(32 * lanes * reuse),
             "o": Out(stream.Signature(out_layout(lanes, row_bits, reuse), always_ready=True)),
         })
@@ -140,8 +140,7 @@ class Accumulators(wiring.Component):
         for k in range(L * R):
             m.submodules[f"acc_add{k}"] = add = Fp32Add()
             word = slice(32 * k, 32 * (k + 1))
-            lane = slice(32 * (k % L), 32 * (k % L + 1))
-            init = Mux(mX.bias_en, biasX[lane], NEG_ZERO)
+            init = Mux(mX.bias_en, biasX[word], NEG_ZERO)
             m.d.comb += [add.a.eq(Mux(mX.first, init, ar.data[word])), add.b.eq(self.partial[word])]
             sums.append(add.o)
         mA = delay(m, mX, Fp32Add.LATENCY, name="meta_a")[-1]

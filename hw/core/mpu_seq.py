@@ -124,8 +124,9 @@ class MpuSequencer(wiring.Component):
         It is its group's last (the group's bias bank is free).
     xrow : ``Out(ArrayLayout(xb_row_bits, reuse))``
         XB row of each token's input block (read at issue; past the group's tokens: unused).
-    block : ``Out(SLOT_BITS)``
-        Its row block in the group (the bias bank's row, read at issue).
+    block, slot : ``Out(SLOT_BITS)``
+        Its row block in the group and its accumulator slot (the bias bank's row, read at
+        issue: the block's for a shared bias, the slot's for one per token).
     s1 : ``Out(step_layout(vsp_row_bits, reuse))``
         The step's metadata, registered: valid one cycle after issue (stage 1).
     starve : ``Out(1)``
@@ -141,6 +142,7 @@ class MpuSequencer(wiring.Component):
             "tile_valid": In(1), "credit": In(1), "bias_ready": In(1),
             "step": Out(1), "pop": Out(1), "claim": Out(1), "group_done": Out(1),
             "xrow": Out(data.ArrayLayout(xb_row_bits, reuse)), "block": Out(SLOT_BITS),
+            "slot": Out(SLOT_BITS),
             "s1": Out(step_layout(vsp_row_bits, reuse)),
             "starve": Out(1),
         })
@@ -172,7 +174,7 @@ class MpuSequencer(wiring.Component):
         m.d.comb += [step.eq(waiting & tile_ok & ~hazard & (~last_c | self.credit) & bias_ok),
                      self.starve.eq(waiting & ~tile_ok),
                      self.pop.eq(step & need_tile), self.claim.eq(step & last_c),
-                     self.block.eq(ri[0:SLOT_BITS])]
+                     self.block.eq(ri[0:SLOT_BITS]), self.slot.eq(slot)]
         xs, ds = mv.xstride >> wshift, mv.dstride >> pshift
         xrow0 = (mv.xb >> wshift) + t * xs + c
         row0 = (mv.dst >> pshift) + t * ds + (g0 + ri) * lpr

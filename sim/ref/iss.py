@@ -187,12 +187,14 @@ class Iss:
         if (i.xb % W or (T > 1 and i.xstride % W) or i.dst % P or (T > 1 and i.dstride % P)
                 or (i.bias_en and i.bias % P)):
             raise IssError("ALIGN")
-        if i.bias_en and not (T == 1 and i.bias == i.dst):
-            if _overlap(i.bias, rb * L, i.dst, (T - 1) * i.dstride + rb * L):
+        btok = bool(i.bias_en and i.btok)         # a bias per token, at the output's stride
+        bspan = (T - 1) * i.dstride + rb * L if btok else rb * L
+        if i.bias_en and not ((T == 1 or btok) and i.bias == i.dst):
+            if _overlap(i.bias, bspan, i.dst, (T - 1) * i.dstride + rb * L):
                 raise IssError("OVERLAP")
         self._vsp_range(i.dst + (T - 1) * i.dstride, rb * L)
         if i.bias_en:
-            self._vsp_range(i.bias, rb * L)
+            self._vsp_range(i.bias, bspan)
         if i.xb + (T - 1) * i.xstride + cb * W > len(self.xb):
             raise IssError("XB_RANGE")
         need = rb * cb + (-(-rb // grp) if i8 else 0)
@@ -231,7 +233,11 @@ class Iss:
             else:
                 part = A.bfp_dot(w[None, :, c, :, :], x[:, None, c, None, :])        # [T, rb, L]
             if c == 0:
-                if i.bias_en:
+                if btok:
+                    bias = np.stack([self.vsp[i.bias + t * i.dstride:i.bias + t * i.dstride + rb * L]
+                                     for t in range(T)]).reshape(T, rb, L)
+                    acc = A.fp32_add(bias, part)
+                elif i.bias_en:
                     bias = self.vsp[i.bias:i.bias + rb * L].reshape(rb, L)
                     acc = A.fp32_add(bias[None], part)
                 else:

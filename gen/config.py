@@ -82,6 +82,10 @@ class LimitsConfig:
     layers: int = _spec(int, "largest number of decoder layers", lo=1, hi=256)
     vocab: int = _spec(int, "largest vocabulary", lo=2, hi=1 << 20)
     seq_len: int = _spec(int, "longest context (prompt + generated tokens)", lo=1, hi=1 << 16)
+    # Batched decode (gptfpga run with several prompts): one step takes a token of every
+    # stream, each stream with its own K/V caches; a MATVEC takes at most MAX_TOKENS tokens.
+    streams: int = _spec(int, "most prompts decoded together, one token each a step (batched decode)",
+                         lo=1, hi=MAX_TOKENS, default=1)
 
 
 @dataclass(frozen=True)

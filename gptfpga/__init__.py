@@ -9,9 +9,10 @@ The API is :mod:`host.api` (its docstring has the full example); this package re
 
 from importlib.metadata import PackageNotFoundError, version
 
-from host.api import Appliance, CardError, Result, Stream, Token, UserError, perf
+from host.api import Appliance, BatchResult, CardError, Result, Stream, Token, UserError, perf
 
-__all__ = ["Appliance", "Result", "Stream", "Token", "UserError", "CardError", "perf", "__version__"]
+__all__ = ["Appliance", "BatchResult", "Result", "Stream", "Token", "UserError", "CardError", "perf",
+           "__version__"]
 
 try:
     __version__ = version("gptfpga")

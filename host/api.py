@@ -38,7 +38,8 @@ from hw.ring import MAX_CARDS
 from .errors import CardError, UserError
 from .progress import Progress, quiet
 
-__all__ = ["Appliance", "Result", "Stream", "Token", "perf", "UserError", "CardError", "DEFAULT_CONFIG"]
+__all__ = ["Appliance", "Result", "BatchResult", "Stream", "Token", "perf", "UserError", "CardError",
+           "DEFAULT_CONFIG"]
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CONFIG = ROOT / "configs" / "tiny.yaml"
@@ -117,9 +118,35 @@ class Result:
     logits: np.ndarray | None = field(default=None, repr=False)
 
     def to_dict(self):
-        """A JSON-ready dict: prompt_ids, tokens, text and the statistics (no logits)."""
-        return {"prompt_ids": list(self.prompt_ids), "tokens": list(self.tokens), "text": self.text,
-                **self.stats}
+        """A JSON-ready dict: prompt_ids, tokens, text and the statistics (no logits), and
+        ``streams``: this one stream's prompt_ids, tokens and text (as a batch gives them)."""
+        own = {"prompt_ids": list(self.prompt_ids), "tokens": list(self.tokens), "text": self.text}
+        return {**own, **self.stats, "streams": [own]}
+
+
+@dataclass
+class BatchResult:
+    """What a batched generation (several prompts decoded together) produced.
+
+    Attributes
+    ----------
+    streams : list of Result
+        One per prompt, in the prompts' order: its prompt_ids, tokens, text and logits (with
+        ``keep_logits``), each bit-identical to generating that prompt alone; its ``stats``
+        are the batch's.
+    stats : dict
+        The batch's figures, as :class:`Result`'s: ``decode_tokens`` counts every stream's
+        tokens, ``decode_steps`` the batched steps, ``decode_cycles_per_token`` is per token
+        of all streams together and ``decode_cycles_per_step`` per step.
+    """
+    streams: list
+    stats: dict
+
+    def to_dict(self):
+        """A JSON-ready dict: the statistics and ``streams``, one object per stream with its
+        prompt_ids, tokens and text."""
+        return {**self.stats, "streams": [{"prompt_ids": list(r.prompt_ids), "tokens": list(r.tokens),
+                                           "text": r.text} for r in self.streams]}
 
 
 class Stream:
@@ -250,10 +277,13 @@ class Appliance:
         return self._model
 
     @_user_errors
-    def prepare(self):
-        """Load and check the weights, compile them for the cards, build the devices (the
-        Verilated card is built once and cached) and return self. Called by the first
-        generation; call it yourself to pay that cost up front."""
+    def prepare(self, streams=1):
+        """Load and check the weights, compile them for the cards (for batches of up to
+        ``streams`` prompts: :meth:`generate_batch`), build the devices (the Verilated card is
+        built once and cached) and return self. Called by the first generation; call it
+        yourself to pay that cost up front. A later batch of more streams compiles again."""
+        if self._cards is not None and self._cards.cms[0].streams < streams:
+            self._cards = None
         if self._cards is None:
             from .runtime import make_cards
             p, own = _progress(self._progress_arg, f"gptfpga {self.backend}: preparing")
@@ -262,7 +292,7 @@ class Appliance:
                 self._progress_now = p
                 model = self.model
                 self._cards = make_cards(self.config, model, self.backend, self.cards,
-                                         xclbin=self.xclbin, progress=p)
+                                         xclbin=self.xclbin, progress=p, streams=streams)
             finally:
                 self._progress_now = None
                 if own:
@@ -361,6 +391,58 @@ class Appliance:
         for _ in s:
             pass
         return s.result
+
+    @_user_errors
+    def generate_batch(self, prompts=None, *, prompt_ids=None, new_tokens=32, temperature=0.0,
+                       top_k=None, seed=0, keep_logits=False, on_token=None):
+        """Several prompts decoded together (batched decode): each prompt's prefill alone,
+        then one step a token for every stream still going, the weights streamed once for
+        all. Returns a :class:`BatchResult`; each stream's tokens and logits are bit-identical
+        to :meth:`generate` of its prompt alone (with the same sampling arguments).
+
+        ``prompts``: texts, or ``prompt_ids``: sequences of token ids (one of the two), at
+        most the build's ``core.limits.streams`` of them. The other parameters are
+        :meth:`generate`'s, for every stream. ``on_token(stream, token id)`` is called as each
+        token is chosen."""
+        from .runtime import BatchGeneration
+        given = prompts if prompt_ids is None else prompt_ids
+        flag = "--prompt" if prompt_ids is None else "--prompt-ids"
+        if (prompts is None) == (prompt_ids is None):
+            raise UserError("--prompt: give the prompts as texts (prompts) or as token id sequences "
+                            "(prompt_ids), one of the two")
+        if isinstance(given, str | bytes) or not hasattr(given, "__len__") or len(given) == 0:
+            raise UserError(f"{flag}: got {type(given).__name__}; allowed: a non-empty list of "
+                            f"prompts (texts, or sequences of token ids)")
+        most = self.config.core.limits.streams
+        if len(given) > most:
+            raise UserError(f"{flag}: {len(given)} prompts; allowed: at most {most} decoded together "
+                            f"on this build (core.limits.streams)")
+        reqs = [self._request(*((None, g) if prompt_ids is not None else (g, None)), new_tokens,
+                              temperature, top_k, seed) for g in given]
+        ids = [r[0] for r in reqs]
+        sampling = reqs[0][1]
+        self.prepare(streams=len(ids))
+        p, own = _progress(self._progress_arg, f"gptfpga {self.backend}")
+        p = p if own else self.progress
+        gen = BatchGeneration(self.config, self._cards, ids, new_tokens, sampling=sampling,
+                              eos=self.model.eos_ids, timeout_s=self.timeout, keep_logits=keep_logits,
+                              progress=p, prompt_flag=flag)
+        if own:
+            p.total = gen.steps()
+        try:
+            for stream, tok in gen:
+                if on_token is not None:
+                    on_token(stream, tok)
+        finally:
+            if own:
+                p.close()
+        stats = {"backend": self.backend, "config": self.config.name, **gen.stats.summary(self.config)}
+        stats["cycle_figures"] = ("measured by the cards' cycle counters" if gen.stats.cycles_measured
+                                  else "not measured: the ISS counts bytes, not cycles")
+        results = [Result(prompt_ids=list(i), tokens=list(t), text=self.decode(t), stats=stats,
+                          logits=None if gen.logits[k] is None else gen.logits[k])
+                   for k, (i, t) in enumerate(zip(ids, gen.tokens, strict=True))]
+        return BatchResult(streams=results, stats=stats)
 
     def _result(self, gen, prompt_ids):
         stats = {"backend": self.backend, "config": self.config.name, **gen.stats.summary(self.config)}

@@ -213,11 +213,14 @@ def build_parser():
                    help="Hugging Face GPT-2 directory (default: the demo model in host/demo, "
                         "vocabulary of 512)")
     src = r.add_mutually_exclusive_group()
-    src.add_argument("--prompt", action=_Once, default="The lighthouse",
-                     help="prompt text (default: 'The lighthouse')")
+    src.add_argument("--prompt", action="append",
+                     help="prompt text (default: 'The lighthouse'); given more than once, the "
+                          "prompts are decoded together (batched decode, up to the build's "
+                          "core.limits.streams)")
     src.add_argument("--prompt-ids", action=_Once, metavar="IDS",
                      help="prompt as comma-separated token ids below the model's vocabulary "
-                          "(0..511 for the demo model, e.g. 290,303,482)")
+                          "(0..511 for the demo model, e.g. 290,303,482); several prompts "
+                          "separated by ';' are decoded together (e.g. '290,303;482')")
     r.add_argument("--new-tokens", type=INT, default=32, action=_Once, metavar="N",
                    help="tokens to generate (fewer if the model's end-of-text token comes)")
     r.add_argument("--max-new-tokens", type=INT, dest="new_tokens", action=_Once, help=argparse.SUPPRESS)
@@ -240,7 +243,8 @@ def build_parser():
                    help="with --backend xrt only (and required there): the xclbin to load")
     r.add_argument("--json", action="store_true", help="one JSON object instead of streamed text")
     r.add_argument("--dump-logits", action=_Once, metavar="FILE.npy",
-                   help="write the logits of every generated position to this .npy")
+                   help="write the logits of every generated position to this .npy ([stream, "
+                        "position, vocabulary] with several prompts, NaN past a stream's end)")
 
     pf = cmd("perf", "projected cycles and ms per token of a GPT-2 size on N cards (the calibrated "
                      "performance model)", cmd_perf)
@@ -542,6 +546,21 @@ def cmd_collective(args):
     return 0
 
 
+def _prompt_id_lists(text, app):
+    """--prompt-ids: ';'-separated prompts of comma-separated ids (a list per prompt)."""
+    parts = text.split(";")
+    if len(parts) == 1:
+        return [_prompt_ids(text, app)]
+    out = []
+    for k, part in enumerate(parts):
+        try:
+            out.append(_prompt_ids(part, app))
+        except UserError as e:
+            raise UserError(str(e).replace("--prompt-ids:", f"--prompt-ids (prompt {k + 1} of "
+                                           f"{len(parts)}):", 1)) from None
+    return out
+
+
 def _prompt_ids(text, app):
     """--prompt-ids: comma-separated ids (each checked against the vocabulary later). The
     example in the message is valid for the model: its tokenizer's ids of a short text."""
@@ -575,8 +594,13 @@ def cmd_run(args):
     with progress:
         app = Appliance(args.config, args.model, backend=args.backend, cards=args.cards,
                         xclbin=args.xclbin, timeout=args.timeout, progress=progress)
-        ids = _prompt_ids(args.prompt_ids, app) if args.prompt_ids is not None else None
-        stream = app.stream(None if ids is not None else args.prompt, prompt_ids=ids,
+        id_lists = _prompt_id_lists(args.prompt_ids, app) if args.prompt_ids is not None else None
+        texts = args.prompt or ["The lighthouse"]
+        if len(id_lists or texts) > 1:
+            return _run_batch(args, app, progress, None if id_lists else texts, id_lists)
+        ids = id_lists[0] if id_lists else None
+        prompt = texts[0]
+        stream = app.stream(None if ids is not None else prompt, prompt_ids=ids,
                             new_tokens=args.new_tokens, temperature=args.temperature or 0.0,
                             top_k=args.top_k, seed=args.seed, keep_logits=bool(args.dump_logits))
         progress.total = stream.steps
@@ -585,7 +609,7 @@ def cmd_run(args):
                 continue
             if i == 0:      # the text shows the progress from here on
                 progress.close()
-                print(args.prompt if ids is None else app.decode(ids), end="", flush=True)
+                print(prompt if ids is None else app.decode(ids), end="", flush=True)
             print(token.text, end="", flush=True)
     result = stream.result
     if args.dump_logits:
@@ -624,6 +648,44 @@ def cmd_run(args):
               f"error per row |w - q s| / |w| largest {quant[0]:.2e}, mean {quant[1]:.2e}")
     return 0
 
+
+
+def _run_batch(args, app, progress, texts, id_lists):
+    """`gptfpga run` with several prompts: decoded together; each stream's text once it is
+    done (JSON: ``streams``)."""
+    import json
+
+    import numpy as np
+
+    from .files import atomic_output
+    result = app.generate_batch(texts, prompt_ids=id_lists, new_tokens=args.new_tokens,
+                                temperature=args.temperature or 0.0, top_k=args.top_k, seed=args.seed,
+                                keep_logits=bool(args.dump_logits))
+    progress.close()
+    if args.dump_logits:      # [stream, position, vocabulary]; NaN past a stream's end
+        n = max(len(r.tokens) for r in result.streams)
+        out = np.full((len(result.streams), n, app.shape.vocab), np.nan, np.float32)
+        for k, r in enumerate(result.streams):
+            out[k, :len(r.tokens)] = r.logits
+        with atomic_output(args.dump_logits, flag="--dump-logits") as f:
+            np.save(f, out)
+    doc = {"backend": args.backend, "config": app.config.name, "cards": app.cards, **result.to_dict()}
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    for k, r in enumerate(result.streams):
+        print(f"[{k + 1}] {app.decode(r.prompt_ids)}{r.text}")
+    s, mhz = result.stats, app.config.clock_mhz
+    n = len(result.streams)
+    print(f"-- {n} streams decoded together, {s['decode_tokens'] + n} tokens on {args.backend} "
+          f"({app.config.name}, {app.cards} card{'s' if app.cards > 1 else ''})")
+    if s["decode_cycles_per_step"] is not None:
+        print(f"   decode: {_fmt(s['decode_cycles_per_step'])} cycles per step, "
+              f"{_fmt(s['decode_cycles_per_token'])} per token of all streams "
+              f"({_fmt(s['decode_ms_per_token_at_clock'])} ms at {mhz:g} MHz)")
+    else:
+        print("   cycles: not measured (the ISS counts bytes, not cycles; --backend rtl counts them)")
+    return 0
 
 
 def cmd_perf(args):

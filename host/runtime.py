@@ -67,11 +67,12 @@ class GenStats:
         peak = cfg.hbm_bytes_per_cycle * self.cards         # every card's HBM
         pre = sum(c["cycles"] for c in self.prefill_steps)
         dec = [c["cycles"] for c in self.decode_steps]
+        ntok = sum(c.get("step_tokens", 1) for c in self.decode_steps)     # (a batch: several a step)
         dec_bytes = [c["hbm_rd_bytes"] + c["hbm_wr_bytes"] for c in self.decode_steps]
         link = [c["link_tx_bytes"] for c in self.decode_steps]
-        n = len(dec)
+        n = ntok
         clock = cfg.clock_mhz * 1e3                          # cycles per ms
-        cyc = sum(dec) / n if n else None
+        cyc = sum(dec) / n if n else None                    # per token (a batch: of all streams)
         measured = self.cycles_measured
         pre_tok = pre / self.prompt_tokens if self.prompt_tokens else None
         return {
@@ -80,7 +81,9 @@ class GenStats:
             "prefill_cycles": int(pre) if measured else None,
             "prefill_cycles_per_token": round(pre_tok, 1) if measured and pre_tok is not None else None,
             "decode_tokens": n,
+            "decode_steps": len(dec),
             "decode_cycles_per_token": round(cyc, 1) if measured and n else None,
+            "decode_cycles_per_step": round(sum(dec) / len(dec), 1) if measured and dec else None,
             "hbm_bytes_per_token": round(sum(dec_bytes) / n, 1) if n else None,
             "link_bytes_per_token": round(sum(link) / n, 1) if n else None,
             "clock_mhz": cfg.clock_mhz,
@@ -155,11 +158,19 @@ class Cards:
         for cm, dev in zip(self.cms, self.devices, strict=True):
             cm.load(dev)
 
-    def step(self, tokens, pos0, timeout_s):
-        """One step on every card; returns the counters summed over the cards (cycles: the
-        slowest card's)."""
+    def step(self, tokens, pos0, timeout_s, stream=0):
+        """One step of stream ``stream`` on every card; returns the counters summed over the
+        cards (cycles: the slowest card's)."""
+        return self._run([cm.step(tokens, pos0, stream) for cm in self.cms], pos0, timeout_s)
+
+    def step_batch(self, batch, timeout_s):
+        """One decode step of several streams, ``batch`` = [(token, position, stream)]
+        (CompiledModel.step_batch); the counters as ``step``'s."""
+        return self._run([cm.step_batch(batch) for cm in self.cms], max(p for _, p, _ in batch),
+                         timeout_s)
+
+    def _run(self, progs, pos0, timeout_s):
         from .device import DeviceError, DeviceTimeout, status_name
-        progs = [cm.step(tokens, pos0) for cm in self.cms]
         try:
             if self.ring is None:
                 counters = [self.devices[0].run(progs[0], self.cms[0].prog_addr, timeout_s=timeout_s)]
@@ -187,14 +198,20 @@ class Cards:
         return np.concatenate([cm.read_logits(dev, 1)[-1] for cm, dev in zip(self.cms, self.devices,
                                                                             strict=True)])
 
+    def batch_logits(self, B):
+        """A batched step's logits, [B, the whole vocabulary]."""
+        return np.concatenate([cm.read_batch_logits(dev, B) for cm, dev in zip(self.cms, self.devices,
+                                                                               strict=True)], axis=1)
 
-def compile_model(cfg, model, cards, *, flag="--model"):
-    """One CompiledModel per card. A matrix that leaves float16's range only once the
-    LayerNorm gains are folded into it is a one-line error, not a numpy warning."""
+
+def compile_model(cfg, model, cards, *, flag="--model", streams=1):
+    """One CompiledModel per card (for decode batches of up to ``streams`` streams). A matrix
+    that leaves float16's range only once the LayerNorm gains are folded into it is a
+    one-line error, not a numpy warning."""
     from .compiler import CompiledModel
     try:
         with np.errstate(over="raise"):
-            return [CompiledModel(cfg, model, card=i, cards=cards) for i in range(cards)]
+            return [CompiledModel(cfg, model, card=i, cards=cards, streams=streams) for i in range(cards)]
     except FloatingPointError:
         raise UserError(f"{flag}: a weight matrix leaves float16's range (|value| > {FP16_MAX:g}) once the "
                         f"LayerNorm gains before it are folded into it; allowed: weights whose "
@@ -202,12 +219,13 @@ def compile_model(cfg, model, cards, *, flag="--model"):
             from None
 
 
-def make_cards(cfg, model, backend, cards, *, xclbin=None, progress=None):
-    """Compile ``model`` for ``cards`` cards and put it on the backend's devices."""
+def make_cards(cfg, model, backend, cards, *, xclbin=None, progress=None, streams=1):
+    """Compile ``model`` for ``cards`` cards (and decode batches of up to ``streams``
+    streams) and put it on the backend's devices."""
     check_backend(cfg, backend, cards, xclbin=xclbin)
     progress = progress or quiet()
     progress.note(f"compiling for {cards} card{'s' if cards > 1 else ''}")
-    cms = compile_model(cfg, model, cards)
+    cms = compile_model(cfg, model, cards, streams=streams)
     measured = backend != "iss"
     lib = None
     if backend == "rtl":
@@ -314,6 +332,93 @@ class Generation:
         """Steps the generation takes at most: prefill steps and new tokens (for a progress
         display)."""
         return -(-len(self.prompt_ids) // self.cards.T) + self.max_new_tokens
+
+
+class BatchGeneration:
+    """Several prompts, decoded together (batched decode): each prompt's prefill runs alone,
+    in its own stream (its own K/V caches), then every decode step takes the next token of
+    each stream still going (CompiledModel.step_batch), so that the weights stream once for
+    all of them. Each stream's tokens and logits are bit-identical to its prompt's own
+    ``Generation`` (with the same sampling: each stream draws from its own generator seeded
+    with ``sampling.seed``). Iterate to run it (each item a (stream, token id)); afterwards
+    ``tokens`` and ``logits`` hold a list per stream and ``stats`` the batch's figures (its
+    decode steps' ``step_tokens``: the streams each took)."""
+
+    def __init__(self, cfg, cards, prompts, max_new_tokens, *, sampling=Sampling(), eos=None,
+                 timeout_s=600.0, keep_logits=False, progress=None, prompt_flag="--prompt-ids"):
+        sh = cards.cms[0].sh
+        most = cards.cms[0].streams
+        if not 1 <= len(prompts) <= most:
+            raise UserError(f"{prompt_flag}: {len(prompts)} prompts; allowed: 1 to {most} decoded "
+                            f"together (the model compiled for {most} streams; the build's "
+                            f"core.limits.streams = {cards.cms[0].cfg.core.limits.streams})")
+        for k, ids in enumerate(prompts):
+            check_request(sh, ids, max_new_tokens,
+                          prompt_flag=prompt_flag if len(prompts) == 1 else f"{prompt_flag} (prompt {k + 1})")
+        sampling.check(sh.vocab)
+        self.cfg, self.cards = cfg, cards
+        self.prompts, self.max_new_tokens = [list(p) for p in prompts], max_new_tokens
+        self.sampling, self.eos = sampling, _eos_set(eos)
+        self.timeout_s = check_timeout(timeout_s)
+        self.keep_logits = keep_logits
+        self.progress = progress or quiet()
+        B = len(prompts)
+        self.tokens, self.logits = [[] for _ in range(B)], [None] * B
+        self.stats = GenStats(prompt_tokens=sum(len(p) for p in prompts), cards=len(cards.cms),
+                              cycles_measured=cards.cycles_measured)
+        self._started = False
+
+    def __iter__(self):
+        if self._started:
+            raise RuntimeError("a BatchGeneration runs once")
+        self._started = True
+        return self._run()
+
+    def _run(self):
+        cards, stats, pr, B = self.cards, self.stats, self.progress, len(self.prompts)
+        rngs = [np.random.default_rng(self.sampling.seed) for _ in range(B)]
+        kept = [[] for _ in range(B)]
+        pr.note("loading the HBM images")
+        cards.load()
+        t0 = time.monotonic()
+        logits = []
+        for s, ids in enumerate(self.prompts):
+            for p in range(0, len(ids), cards.T):
+                pr.note(f"prefill of prompt {s + 1}, positions {p}..{min(p + cards.T, len(ids)) - 1}")
+                stats.prefill_steps.append(cards.step(ids[p:p + cards.T], p, self.timeout_s, stream=s))
+                pr.advance()
+            logits.append(cards.logits())
+        stats.wall_prefill = time.monotonic() - t0
+        pos = [len(ids) for ids in self.prompts]
+        live = list(range(B))
+        t0 = time.monotonic()
+        while True:
+            going = []
+            for s, lg in zip(live, logits, strict=True):
+                if self.keep_logits:
+                    kept[s].append(np.array(lg, np.float32))
+                tok = pick(lg, self.sampling, rngs[s])
+                self.tokens[s].append(tok)
+                yield s, tok
+                if len(self.tokens[s]) < self.max_new_tokens and tok not in self.eos:
+                    going.append(s)
+            pr.advance(detail=f"decode, {sum(map(len, self.tokens))} tokens of {B} streams")
+            if not going:
+                break
+            c = cards.step_batch([(self.tokens[s][-1], pos[s], s) for s in going], self.timeout_s)
+            c["step_tokens"] = len(going)
+            stats.decode_steps.append(c)
+            logits = list(cards.batch_logits(len(going)))
+            for s in going:
+                pos[s] += 1
+            live = going
+        stats.wall_decode = time.monotonic() - t0
+        if self.keep_logits:
+            self.logits = [np.stack(k) for k in kept]
+
+    def steps(self):
+        """Steps the generation takes at most (for a progress display)."""
+        return sum(-(-len(p) // self.cards.T) for p in self.prompts) + self.max_new_tokens
 
 
 def generate(cfg, cm, dev, prompt_ids, max_new_tokens, *, sampling=Sampling(), eos=None,

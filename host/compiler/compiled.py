@@ -58,6 +58,10 @@ class CompiledModel:
         Every step stores every token's logits, not only the last's.
     param_areas : int, optional
         Layer-parameter areas (2 or 1); default 2 where they fit.
+    streams : int
+        Streams decoded together (``step_batch``), at most the build's core.limits.streams:
+        each has its own K/V caches; a stream's own steps (``step(..., stream=s)``) are
+        those of a model compiled for one stream.
 
     Attributes
     ----------
@@ -79,12 +83,16 @@ class CompiledModel:
     """
 
     def __init__(self, cfg, model, *, card=0, cards=1, max_tokens=None, dump_hidden=False,
-                 all_logits=False, param_areas=None):
+                 all_logits=False, param_areas=None, streams=1):
         self.cfg, self.sh = cfg, model.shape
         self.weights = model.weights      # None: a shapes-only compile (programs, no image)
         self.dump_hidden, self.all_logits = dump_hidden, all_logits
         sh, c = self.sh, cfg.core
         check_limits(cfg, sh)
+        if not 1 <= streams <= c.limits.streams:
+            raise UserError(f"--prompt: {streams} prompts decoded together; allowed: 1 to "
+                            f"{c.limits.streams} on this build (core.limits.streams)")
+        self.streams = streams
         self.part = Partition.of(sh, card=card, cards=cards, lanes=c.lanes)
         largest, mine = self.part.largest, self.part.mine
         if c.width % c.tile_rows:
@@ -95,13 +103,13 @@ class CompiledModel:
         self.plan = choose(cfg, sh, Dims.of(sh, c.lanes, c.width, H=largest.H, F=largest.F, V=largest.V,
                                             tile_rows=c.tile_rows),
                            self.dims, cards=cards, all_logits=all_logits, max_tokens=max_tokens,
-                           param_areas=param_areas)
+                           param_areas=param_areas, streams=streams)
         self.kv = KvLayout.of(self.dims, c.lanes, c.width, sh.n_positions)
         self._check_kv_jobs()
         self.params = ParamLayout.of((2 * self.dims.dq + self.dims.dv, sh.d_model, mine.F, sh.d_model),
                                      c.vector_lanes, param_align(c.vector_lanes, cfg.stripe_bytes))
         self.img, self.hbm = build_image(cfg, sh, self.weights, self.part, self.dims, self.kv, self.params,
-                                         T=self.plan.T, all_logits=all_logits)
+                                         T=self.plan.T, all_logits=all_logits, streams=streams)
         self.card, self.cards = card, cards
         self.T, self.param_areas = self.plan.T, self.plan.param_areas
         self.v_g, self.v_pars = self.plan.v_g, self.plan.v_pars
@@ -139,19 +147,59 @@ class CompiledModel:
         if self.weights is None:
             raise ValueError("a shapes-only compile has no image to load")
         self.img.write(dev)
+        S = self.cfg.stripe_bytes
         lo, hi = self.kv_rows
         if hi > lo:
-            write_stripes(dev, self.cfg, lo, np.zeros((hi - lo) * self.cfg.stripe_bytes, np.uint8))
+            write_stripes(dev, self.cfg, lo, np.zeros((hi - lo) * S, np.uint8))
+        kv = self.kv
+        for caches in self.hbm.stream_kv:           # a batch's other streams' caches
+            for k, v in caches:
+                write_stripes(dev, self.cfg, k, np.zeros(kv.k_rows * S, np.uint8))
+                write_stripes(dev, self.cfg, v, np.zeros(kv.v_rows * S, np.uint8))
 
-    def step(self, tokens, pos0):
-        """Program for ``tokens`` (at most T) at positions pos0, pos0 + 1, ..."""
+    def step(self, tokens, pos0, stream=0):
+        """Program for ``tokens`` (at most T) of stream ``stream`` at positions pos0, pos0 + 1,
+        ..."""
         T = len(tokens)
         if not 1 <= T <= self.T:
             raise ValueError(f"step: {T} tokens; 1..{self.T} allowed")
+        if not 0 <= stream < self.streams:
+            raise ValueError(f"step: stream {stream}; 0..{self.streams - 1} allowed")
         if pos0 + T > self.sh.n_positions:
             raise UserError(f"prompt: position {pos0 + T - 1} is beyond the model's context "
                             f"({self.sh.n_positions} positions)")
-        return Emitter(self, list(tokens), pos0).program()
+        return Emitter(self, list(tokens), pos0, stream=stream).program()
+
+    def step_batch(self, batch):
+        """Program of one decode step of several streams: ``batch`` = [(token, position,
+        stream)], the streams distinct. Token j's logits are read with ``read_batch_logits``.
+        Each stream's result is bit-identical to its own one-token ``step``."""
+        B = len(batch)
+        if not 1 <= B <= self.streams:
+            raise ValueError(f"step_batch: {B} streams; 1..{self.streams} allowed")
+        streams = [s for _, _, s in batch]
+        if len(set(streams)) != B or not all(0 <= s < self.streams for s in streams):
+            raise ValueError(f"step_batch: streams {streams}; distinct, in 0..{self.streams - 1}")
+        for _, p, _ in batch:
+            if not 0 <= p < self.sh.n_positions:
+                raise UserError(f"prompt: position {p} is beyond the model's context "
+                                f"({self.sh.n_positions} positions)")
+        return Emitter(self, [t for t, _, _ in batch], 0,
+                       batch=[(p, s) for _, p, s in batch]).program()
+
+    def kv_caches(self, layer, stream):
+        """(first K row, first V row) of ``stream``'s caches of ``layer``."""
+        if stream == 0:
+            lr = self.hbm.layers[layer]
+            return lr.k, lr.v
+        return self.hbm.stream_kv[stream - 1][layer]
+
+    def read_batch_logits(self, dev, B):
+        """Logits of a ``step_batch`` of B streams: array [B, this card's vocabulary slice]."""
+        vS, S, rows = self.dims.vS, self.cfg.stripe_bytes, self.hbm.logits_rows
+        raw = read_stripes(dev, self.cfg, self.hbm.batch_logits_row, B * rows)
+        out = raw.reshape(B, rows * S)[:, :vS * 4].copy().view(np.float32)
+        return out[:, :self.part.mine.V]
 
     def read_logits(self, dev, T):
         """Logits of the step's T tokens (all of them if compiled with all_logits, else the

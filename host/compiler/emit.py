@@ -15,6 +15,8 @@ then places the WLOADs. The emitter reads a ``CompiledModel``'s public parts: it
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
+
 from hw.isa import ACC_DEPTH, encode
 
 from ..errors import UserError
@@ -65,17 +67,25 @@ class _LogitsBuffer:
     buf: int
     first: int
     rows: int
-    done: int = 0
+    done: int | list = 0
 
 
 class Emitter:
-    """Builds one step's program for ``tokens`` at positions pos0, pos0 + 1, ... of a
-    ``CompiledModel`` ``cm`` (the caller checks their count and positions).
+    """Builds one step's program for ``tokens`` at positions pos0, pos0 + 1, ... of stream
+    ``stream`` of a ``CompiledModel`` ``cm`` (the caller checks their count and positions);
+    or, with ``batch`` = [(position, stream)] a decode batch: token t of stream batch[t][1]
+    at position batch[t][0], each stream with its own K/V caches and causal mask.
+
+    A batch computes each stream's token as that stream's own one-token step does (the same
+    operations on the same values; a MATVEC's tokens do not meet): the weight MATVECs take
+    every stream's token at once, attention runs stream by stream over its own caches, the
+    projections' partial sums start from each token's own residual (MATVEC.btok), and every
+    token's logits are stored.
 
     ``program()`` returns the instruction words, the WLOADs placed by ``place_wloads``: as
     early as their data allow and the weight FIFO holds, in MATVEC order."""
 
-    def __init__(self, cm, tokens, pos0):
+    def __init__(self, cm, tokens, pos0, stream=0, batch=None):
         self.sh, self.dims, self.b, self.hbm = cm.sh, cm.dims, cm.plan, cm.hbm
         self.kv, self.params = cm.kv, cm.params
         self.card, self.cards = cm.part.card, cm.part.cards
@@ -85,9 +95,16 @@ class Emitter:
         # weight matrices: tiles of LW rows, int8 with a row of scales per group (i8); the
         # K and V caches: fp16 tiles of L rows
         self.LW, self.i8 = c.tile_rows, c.weight_dtype == "int8"
+        self.beat = cm.cfg.link.data_bits // 32      # a COLL beat, fp32 words
         self.fifo = c.weight_fifo_tiles
         self.tokens, self.pos0 = tokens, pos0
         self.T = len(tokens)
+        self.cm, self.batch = cm, batch
+        self.pos = [p for p, _ in batch] if batch else [pos0 + t for t in range(self.T)]
+        self.streams = [s for _, s in batch] if batch else [stream] * self.T
+        # decode: every token at its stream's last position (one token, or a batch): the
+        # causal mask is the K MATVECs' bias, the projections' sums start from the residual
+        self.decode = self.T == 1 or batch is not None
         self.out = []              # instruction words and Jobs
         self.kv_ready = 0          # K/V tiles may stream only after this position (their STOREs)
         self.w_ready = 0           # no weight tiles stream before this position
@@ -123,8 +140,14 @@ class Emitter:
         head h's max, 4 + H on: the heads' softmax sums, side by side."""
         return self.b.v_scal + ((4 + 2 * self.dims.H) * t + k) * self.P
 
+    def mask(self, t):
+        """VSP word of token t's causal mask (decode)."""
+        if t == 0:
+            return self.b.v_mask
+        return self.b.v_masks + (t - 1) * self.dims.nS
+
     def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=None, tokens=None,
-               then=None, first=None, defer_last=False, tt=0, short_tail=False):
+               then=None, first=None, defer_last=False, tt=0, short_tail=False, btok=0):
         """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
         groups of row blocks (``schedule.matrix_chunks``). ``kv``: the matrix is a head's K or
         V cache, one job whose tiles are the runs ``kv`` (first row, tiles), streamed once the
@@ -160,6 +183,8 @@ class Emitter:
                      xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
                      bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None),
                      tt=tt, i8=int(i8))
+            if btok and T > 1:
+                f["btok"] = 1
             runs = kv if kv else [(self._block_row(row, r0, cb, i8), tiles)]
             self.out.append(Job(tuple(runs), tiles, f, max(self.w_ready, self.kv_ready if kv else 0)))
             if first is not None and prev is None:
@@ -265,13 +290,14 @@ class Emitter:
             if not 0 <= tok < sh.vocab:
                 raise UserError(f"token id {tok} is outside the vocabulary (0..{sh.vocab - 1})")
             self.e("LOAD", vsp=b.v_x + t * dS, n=d, row=rows.wte_row + tok * rows.tok_rows)
-            self.e("LOAD", vsp=b.v_y + t * dS, n=d, row=rows.wpe_row + (self.pos0 + t) * rows.tok_rows)
+            self.e("LOAD", vsp=b.v_y + t * dS, n=d, row=rows.wpe_row + self.pos[t] * rows.tok_rows)
         self.e("LOAD", vsp=b.v_const, n=2, row=rows.const_row, f32=1)
-        if self.T == 1:
-            # One token: the causal mask is the K MATVECs' bias (scores past the position
+        if self.decode:
+            # Decode: the causal mask is the K MATVECs' bias (scores past the position
             # become -inf as they are summed), built once for every layer and head (the MASK
-            # in layer 0, behind the first MATVEC).
-            self.e("LOAD", vsp=b.v_mask, n=self.dims.nS, row=rows.zero_row, f32=1)
+            # in layer 0, behind the first MATVEC); one a stream in a batch.
+            for t in range(self.T):
+                self.e("LOAD", vsp=self.mask(t), n=self.dims.nS, row=rows.zero_row, f32=1)
         # The first tiles stream from here, while the embeddings are added up.
         self.w_ready = len(self.out)
         for t in range(self.T):
@@ -322,8 +348,9 @@ class Emitter:
         before. In decode, the causal mask too."""
         self.e("LOAD", vsp=st.par, n=self.params.offsets[1], row=st.rows.params, f32=1)
         self.w_ready = len(self.out)
-        if self.T == 1:
-            self.vec("MASK", self.b.v_mask, self.b.v_mask, self.dims.nS, k=self.pos0)
+        if self.decode:
+            for t in range(self.T):
+                self.vec("MASK", self.mask(t), self.mask(t), self.dims.nS, k=self.pos[t])
 
     def qkv(self, st):
         """LayerNorm and c_attn; each finished chunk's K and V rows go to the caches
@@ -340,17 +367,18 @@ class Emitter:
         first heads' go out a chunk earlier). The K MATVECs wait for them; their tiles may
         stream from the next chunk's work on (``_Layer.k_wait``)."""
         b, dims, kv = self.b, self.dims, self.kv
-        p = self.pos0 + t
+        p = self.pos[t]
+        kbase, vbase = self.cm.kv_caches(st.index, self.streams[t])
         if st.k_wait is None and self.T - 1 in st.k_stored:
             st.k_wait = len(self.out)
         if r + n >= dims.k_off + dims.dq and t not in st.k_stored:
-            self.e("STORE", vsp=b.v_qkv + t * dims.qS + dims.k_off, n=dims.dq, **kv.k_store(st.rows.k, p))
+            self.e("STORE", vsp=b.v_qkv + t * dims.qS + dims.k_off, n=dims.dq, **kv.k_store(kbase, p))
             st.k_stored.add(t)
         h0 = st.v_stored.get(t, 0)
         h1 = min(dims.H, max(0, r + n - dims.v_off) // dims.hvp)
         if h1 > h0:
             self.e("STORE", vsp=b.v_qkv + t * dims.qS + dims.v_off + h0 * dims.hvp,
-                   n=(h1 - h0) * dims.hvp, **kv.v_store(st.rows.v, p, h0))
+                   n=(h1 - h0) * dims.hvp, **kv.v_store(vbase, p, h0))
             st.v_stored[t] = h1
 
     def attention(self, st):
@@ -361,9 +389,13 @@ class Emitter:
         Layouts: q16 [t][h][hdp], scores and probabilities [t][h][sK], sK the rows the K
         MATVECs write at this position (whole groups; not the context's nS: EXP and CVT16
         pass over what is live, rows past the position masked)."""
+        if self.batch is not None:
+            self.attention_batch(st)
+            return
         b, dims, kv, T, L, W = self.b, self.dims, self.kv, self.T, self.L, self.W
         H, hdp, hvp, dq, aS = dims.H, dims.hdp, dims.hvp, dims.dq, dims.aS
         positions = self.pos0 + T
+        kbase, vbase = self.cm.kv_caches(st.index, self.streams[0])      # (the step's one stream)
         rbk, cbv = kv.k_row_blocks(positions), kv.v_col_blocks(positions)
         vgrp = min(kv.rbv, ACC_DEPTH // T)         # V tiles in stream order: groups, then columns
         sK = round_up(rbk * L, W)
@@ -374,7 +406,7 @@ class Emitter:
         self.kv_ready = st.k_wait if st.k_wait is not None else len(self.out)
         for h in range(H):
             self.matvec((0, rbk, kv.cbk), b.x_q + h * hdp, dq, b.v_sc + h * sK, HN,
-                        kv=kv.k_runs(st.rows.k, h, positions), bias=b.v_mask if T == 1 else None)
+                        kv=kv.k_runs(kbase, h, positions), bias=b.v_mask if T == 1 else None)
         if st.index == 0:
             o = self.params.offsets[1]
             self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
@@ -402,7 +434,57 @@ class Emitter:
         for h in range(H):
             self.kv_ready = v_ready[h]
             self.matvec((0, kv.rbv, cbv), b.x_p + h * sK, HN, b.v_att + h * hvp, aS, group=vgrp,
-                        kv=kv.v_runs(st.rows.v, h, positions, vgrp), tt=1)
+                        kv=kv.v_runs(vbase, h, positions, vgrp), tt=1)
+        self.vec("RECIP", b.v_zinv + hdp, b.v_att + hdp, (T - 1) * aS + (H - 1) * hvp + 1)
+        for h in range(H):
+            for t in range(T):
+                a = b.v_att + t * aS + h * hvp
+                self.vec("MUL", a, a, hdp, src2=b.v_zinv + t * aS + h * hvp + hdp, bcast=1,
+                         xdst=b.x_att + t * dq + h * hdp)
+
+    def attention_batch(self, st):
+        """A decode batch's attention: each stream's token as its own one-token step takes
+        it (``attention`` with T = 1: K and V MATVECs over its own caches, its mask the K
+        MATVECs' bias, its scores' max and the V MATVECs' column blocks over its own
+        positions), laid out side by side at the batch's largest score stride; exp, the
+        fp16 conversions and the sums' reciprocals once over every stream's."""
+        b, dims, kv, T, L, W = self.b, self.dims, self.kv, self.T, self.L, self.W
+        H, hdp, hvp, dq, aS = dims.H, dims.hdp, dims.hvp, dims.dq, dims.aS
+        positions = [p + 1 for p in self.pos]
+        caches = [self.cm.kv_caches(st.index, s) for s in self.streams]
+        rbk = [kv.k_row_blocks(n) for n in positions]
+        cbv = [kv.v_col_blocks(n) for n in positions]
+        vgrp = min(kv.rbv, ACC_DEPTH)               # (a lone token's V group)
+        sK = round_up(max(rbk) * L, W)
+        HN = H * sK
+        if not self.q16:
+            for t in range(T):
+                self.vec("CVT16", b.x_q + t * dq, b.v_qkv + t * dims.qS + dims.q_off, dq)
+        self.kv_ready = st.k_wait if st.k_wait is not None else len(self.out)
+        for h in range(H):
+            for t in range(T):
+                self.matvec((0, rbk[t], kv.cbk), b.x_q + t * dq + h * hdp, 0,
+                            b.v_sc + t * HN + h * sK, 0, tokens=1,
+                            kv=kv.k_runs(caches[t][0], h, positions[t]), bias=self.mask(t))
+        if st.index == 0:
+            o = self.params.offsets[1]
+            self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
+                   f32=1)
+        v_ready = []
+        for h in range(H):
+            for t in range(T):
+                s = b.v_sc + t * HN + h * sK
+                m = self.scalar(t, 4 + h)
+                self.vec("REDMAX", m, s, cbv[t] * W)
+                self.vec("SUB", s, s, cbv[t] * W, src2=m, bcast=1)
+            v_ready.append(len(self.out))
+        self.vec("EXP", b.v_sc, b.v_sc, T * HN, xdst=b.x_p)
+        for h in range(H):
+            self.kv_ready = v_ready[h]
+            for t in range(T):
+                self.matvec((0, kv.rbv, cbv[t]), b.x_p + t * HN + h * sK, 0, b.v_att + t * aS + h * hvp,
+                            0, group=vgrp, tokens=1, tt=1,
+                            kv=kv.v_runs(caches[t][1], h, positions[t], vgrp))
         self.vec("RECIP", b.v_zinv + hdp, b.v_att + hdp, (T - 1) * aS + (H - 1) * hvp + 1)
         for h in range(H):
             for t in range(T):
@@ -463,24 +545,27 @@ class Emitter:
         the residual follows each finished chunk; on several, every card holds a partial sum
         in v_y: add them up over the ring, then the bias once, then the residual. In decode
         the bias and the residual ride in the partial sums: card 0's MATVEC starts from x
-        (its bias operand), card 1's from the bias, and the all-reduce writes the new x.
+        (its bias operand; in a batch each token's own, MATVEC.btok), card 1's from the
+        bias, and the all-reduce writes the new x.
         ``parts``: (matrix, first input column) parts by columns, the first into v_y, a
         second into v_yb, added up; ``first()`` is emitted after the first MATVEC."""
         b, T, dS, d = self.b, self.T, self.dims.dS, self.sh.d_model
         assert len(parts) <= 2
         bufs = [b.v_y, b.v_yb]
         one = self.cards == 1
-        fold = not one and T == 1             # (a MATVEC's bias is one vector for all tokens)
+        fold = not one and self.decode
         if one:
             first_bias = bias
         else:
             first_bias = {0: b.v_x, 1: bias}.get(self.card) if fold else None
+        btok = int(fold and self.card == 0)     # x: each token's own
         x16 = self.x16_x
         for k, (mk, c0) in enumerate(parts):
             last = k == len(parts) - 1          # (its residuals write fp16(x) too)
             self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=first_bias if k == 0 else None,
                         then=partial(self.residual, y=bufs[k], to_xa=x16 and last) if one else None,
-                        first=first if k == 0 else None, short_tail=one and last)
+                        first=first if k == 0 else None, short_tail=one and last,
+                        btok=btok if k == 0 else 0)
         self.xa_ready = x16 and not fold    # (a COLL writes x itself: ln_matvec converts it)
         if one:
             return
@@ -488,10 +573,12 @@ class Emitter:
             self.vec("ADD", b.v_y, b.v_y, T * dS, src2=b.v_yb)
         if fold and b.v_g is not None:
             # all-gather, then x = ((p0 + p1) + p2) + ... in card order, alike on every card;
-            # the last addition writes fp16(x) for the next MATVEC.
-            self.e("COLL", cop=0, src=b.v_y, dst=b.v_g, n=dS)
+            # the last addition writes fp16(x) for the next MATVEC. (A batch: every token's
+            # partial sums in a card's block, in its own buffer.)
+            g, blk = (b.v_g, b.g_blk) if self.batch is None else (b.v_gb, round_up(T * dS, self.beat))
+            self.e("COLL", cop=0, src=b.v_y, dst=g, n=T * dS)
             for j in range(1, self.cards):
-                self.vec("ADD", b.v_x, b.v_g if j == 1 else b.v_x, dS, src2=b.v_g + j * b.g_blk,
+                self.vec("ADD", b.v_x, g if j == 1 else b.v_x, T * dS, src2=g + j * blk,
                          xdst=b.x_a if x16 and j == self.cards - 1 else None)
             self.xa_ready = x16
             return
@@ -512,6 +599,9 @@ class Emitter:
         STOREd while the next computes."""
         b, T, L, rows, dims = self.b, self.T, self.LW, self.hbm, self.dims
         head = rows.head
+        if self.batch is not None:
+            self.lm_head_batch()
+            return
         if self.all_logits:
             self.e("LOAD", vsp=b.v_hbias, n=dims.vS, row=rows.head_bias_row, f32=1)
             self.ln_matvec(head, b.v_logits, dims.vS, b.v_hbias, lambda j, r, n: None)
@@ -531,6 +621,50 @@ class Emitter:
             else:      # (the statistics are done: the fix-up alone)
                 self.matvec(m, self.xa, 0, out.buf, 0, tokens=1,
                             then=partial(self._fix_store_logits, out, hb), short_tail=tail)
+
+    def lm_head_batch(self):
+        """A decode batch's LM head: every token's logits (``lm_head``'s chunks, each MATVEC
+        taking every token; the logits of a chunk in the scores' and c_fc's buffers, dead by
+        now, a token's after another's), token j's stored at the batch's logits row j."""
+        b, T, L, rows, dims, P = self.b, self.T, self.LW, self.hbm, self.dims, self.P
+        head = rows.head
+        per_row = self.S // 4
+        unit = int(np.lcm(L * GROUP, per_row))
+        room = min(b.T * dims.H * dims.nS, b.T * dims.fS) // T     # words a token in each buffer
+        hbias = b.v_hbias if isinstance(b.v_hbias, tuple) else (b.v_hbias,) * 2
+        chunk = min(b.chunk or round_up(dims.vS, unit), room // unit * unit, round_up(dims.vS, unit))
+        if chunk == 0:
+            raise UserError(f"model: the LM head's logits of {T} streams do not fit in the "
+                            f"buffers they share; allowed: fewer streams")
+        stride = round_up(chunk, P)
+        per = chunk // L
+        chunks = [(r0, min(per, head.rb - r0)) for r0 in range(0, head.rb, per)]
+        for k, (r0, n) in enumerate(chunks):
+            hb = hbias[k % 2]
+            out = _LogitsBuffer((b.v_sc, b.v_h)[k % 2], r0 * L, n * L, done=[0] * T)
+            self.e("LOAD", vsp=hb, n=n * L, row=rows.head_bias_row + r0 * L // per_row, f32=1)
+            m = (self._block_row(head.row, r0, head.cb, self.i8), n, head.cb)
+            tail = k == len(chunks) - 1
+            store = partial(self._store_batch_logits, out, stride)
+            if k == 0:
+                self.ln_matvec(m, out.buf, stride, hb, store, short_tail=tail)
+            else:
+                self.matvec(m, self.xa, dims.dS, out.buf, stride,
+                            then=partial(self._fix_store_batch_logits, out, hb, stride), short_tail=tail)
+
+    def _store_batch_logits(self, out, stride, j, r, rows):
+        """``_store_logits`` for token j of a batch (its logits at stride ``stride``)."""
+        per_row = self.S // 4
+        end = r + rows if r + rows == out.rows else (r + rows) // per_row * per_row
+        if end > out.done[j]:
+            self.store_f32(out.buf + j * stride + out.done[j], end - out.done[j],
+                           self.hbm.batch_logits_row + j * self.hbm.logits_rows
+                           + (out.first + out.done[j]) // per_row)
+            out.done[j] = end
+
+    def _fix_store_batch_logits(self, out, hb, stride, j, r, rows):
+        self.ln_fixup(j, out.buf + j * stride + r, rows, hb + r)
+        self._store_batch_logits(out, stride, j, r, rows)
 
     def _store_logits(self, out, j, r, rows):
         """Each MATVEC chunk's logits go out while the next chunk computes, in whole stripe

@@ -137,6 +137,12 @@ class HbmLayout:
         at ``hidden_row + k hidden_stride``, T dS fp32 words each.
     prog_addr : int
         Channel 0's byte address of the program.
+    stream_kv : tuple
+        A decode batch's other streams' caches: for stream s >= 1, entry s - 1 holds each
+        layer's (first K row, first V row) (stream 0's are the layers' own).
+    batch_logits_row, logits_rows : int
+        A decode batch's logits: token j's at ``batch_logits_row + j logits_rows`` (fp32, vS
+        words from a stripe row's start).
     """
 
     const_row: int
@@ -152,6 +158,9 @@ class HbmLayout:
     hidden_row: int
     hidden_stride: int
     prog_addr: int
+    stream_kv: tuple = ()
+    batch_logits_row: int = 0
+    logits_rows: int = 0
 
 
 def _matrix(img, L, W, rows, cols, mat, *, folded=False):
@@ -205,10 +214,12 @@ def _layer(img, cfg, shape, w, i, part, dims, params):
     return prow, qkv, proj, fc, fc2
 
 
-def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits):
+def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits, streams=1):
     """(HbmImage, HbmLayout) of a card's share ``part`` (dims ``dims``, caches ``kv``,
     parameter vectors ``params``) of a model of shape ``shape`` with weights ``w`` (None: a
-    shapes-only compile, rows without bytes), for steps of up to ``T`` tokens. Raises
+    shapes-only compile, rows without bytes), for steps of up to ``T`` tokens and decode
+    batches of up to ``streams`` streams (their other caches and their logits after
+    everything else, so that stream 0's rows are those of a build without batches). Raises
     UserError where it does not fit in the build's HBM."""
     img, S, d = HbmImage(cfg), cfg.stripe_bytes, shape.d_model
     L, W = cfg.core.lanes, cfg.core.width
@@ -232,6 +243,10 @@ def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits):
     logits_row, _ = img.alloc((T if all_logits else 1) * dims.vS * 4)
     hidden_stride = -(-T * dims.dS * 4 // S)
     hidden_row, _ = img.alloc((shape.n_layer + 1) * hidden_stride * S)
+    stream_kv = tuple(tuple((img.alloc(kv.k_rows * S)[0], img.alloc(kv.v_rows * S)[0]) for _ in layers)
+                      for _ in range(streams - 1))
+    logits_rows = -(-dims.vS * 4 // S)
+    batch_logits_row = img.alloc(streams * logits_rows * S)[0] if streams > 1 else 0
     if img.next_row + PROGRAM_GAP_ROWS > cfg.channel_rows:
         raise UserError(f"model: needs {img.next_row} stripe rows of HBM per channel; the build has "
                         f"{cfg.channel_rows}")
@@ -246,4 +261,5 @@ def build_image(cfg, shape, w, part, dims, kv, params, *, T, all_logits):
                      for (prow, qkv, proj, fc, fc2), (k, v) in zip(layers, caches, strict=True)),
         head=head, head_bias_row=head_bias_row, kv_rows=kv_rows, logits_row=logits_row,
         hidden_row=hidden_row, hidden_stride=hidden_stride,
-        prog_addr=(img.next_row + PROGRAM_GAP_ROWS) * cfg.hbm_beat_bytes)
+        prog_addr=(img.next_row + PROGRAM_GAP_ROWS) * cfg.hbm_beat_bytes,
+        stream_kv=stream_kv, batch_logits_row=batch_logits_row, logits_rows=logits_rows)

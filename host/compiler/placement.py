@@ -158,6 +158,14 @@ class Placement:
     x_a, x_q, x_p, x_att, x_h : int
         XB: fp16(x), q, the probabilities, the heads' outputs (c_proj's input, dense),
         GELU's output (mlp.c_proj's input).
+    streams : int
+        Streams of a decode batch the plan holds (1: no batch).
+    v_masks : int or None
+        With streams > 1: the causal masks of the batch's tokens 1, 2, ... (nS words each;
+        token 0's is v_mask).
+    v_gb : int or None
+        With streams > 1 and the all-gather: its buffer for a batch (every token's partial
+        sums, a card's block of ``round_up(streams dS, beat)`` words).
     """
 
     T: int
@@ -186,6 +194,9 @@ class Placement:
     x_p: int
     x_att: int
     x_h: int
+    streams: int = 1
+    v_masks: int | None = None
+    v_gb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -195,11 +206,13 @@ class NoRoom:
     message: str
 
 
-def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None):
+def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None, streams=1):
     """The Placement of candidate ``cand`` for a share of dims ``dims``, or NoRoom.
 
     ``gather``: decode's all-gather buffer (several cards only) is placed if it fits (None),
-    must be (True) or is not (False)."""
+    must be (True) or is not (False). ``streams`` > 1: a decode batch's buffers are placed
+    after everything else (so that a stream's steps use the same buffers as without a batch:
+    the same programs, the same arithmetic)."""
     c, P, T, d = cfg.core, cfg.core.vector_lanes, cand.T, shape.d_model
     B = cfg.link.data_bits // 32                    # a COLL beat, words
     v = Allocator(c.vsp_words, P, "VSP", "vsp_words",
@@ -252,6 +265,14 @@ def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None):
     b["x_h"] = xb(T * dims.fS)
     if xb.short:
         return NoRoom(xb.shortage)
+    b["streams"] = streams
+    if streams > 1:
+        b["v_masks"] = v((streams - 1) * dims.nS)
+        if b["v_g"] is not None:
+            blk = round_up(streams * dims.dS, B)
+            b["v_gb"] = v(cards * blk, split=blk)
+        if v.short:
+            return NoRoom(f"{v.shortage} to decode {streams} streams together")
     return Placement(T=T, param_areas=cand.param_areas, by_segment=cand.by_segment, **b)
 
 
@@ -277,18 +298,31 @@ def _head_buffers(cfg, dims, v):
     return None
 
 
-def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, param_areas=None):
+def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, param_areas=None,
+           streams=1):
     """This card's Placement: the first of ``candidates`` that fits the largest share's dims
     ``largest``, made for this card's dims ``mine`` (with the all-gather where the largest
     share has it, so that every card's programs have the same COLLs). Raises UserError where
-    no candidate fits, naming the space the last one ran out of."""
+    no candidate fits, naming the space the last one ran out of. With ``streams`` > 1 the
+    candidate is the one chosen without (a stream's steps stay those of a lone stream), and
+    the batch's buffers must fit beside it."""
     for cand in candidates(max_tokens=max_tokens, param_areas=param_areas):
         plan = place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits)
         if isinstance(plan, Placement):
             break
     else:
         raise UserError(plan.message)
-    own = place(cfg, shape, mine, cand, cards=cards, all_logits=all_logits, gather=plan.v_g is not None)
+    if streams > cand.T:
+        raise UserError(f"model: {streams} streams decoded together need steps of {streams} tokens; "
+                        f"this model's steps hold {cand.T} on this build (its VSP and XB); allowed: "
+                        f"at most {cand.T} streams")
+    if streams > 1:
+        plan = place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits, streams=streams,
+                     gather=plan.v_g is not None)
+        if isinstance(plan, NoRoom):
+            raise UserError(plan.message)
+    own = place(cfg, shape, mine, cand, cards=cards, all_logits=all_logits, gather=plan.v_g is not None,
+                streams=streams)
     if isinstance(own, NoRoom):         # (a smaller share fits where the largest did)
         raise UserError(own.message)
     return own

@@ -97,9 +97,9 @@ class Accumulators(wiring.Component):
     group) of a MATVEC group.
 
     A step's partial sums are added to its slot (to the bias, or -0, on the first column
-    block: each token's bias, the same row for all unless the MATVEC has one per token); the sum goes back into the slot, or out after the
-    last column block. The step's metadata and bias, taken at the tile register's stage, are
-    delayed to stage X beside the arithmetic.
+    block: each token's bias, the same row for all unless the MATVEC has one per token); the
+    sum goes back into the slot, or out after the last column block. The step's metadata and
+    bias, taken at the tile register's stage, are delayed to stage X beside the arithmetic.
 
     Parameters
     ----------

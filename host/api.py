@@ -466,7 +466,7 @@ def _modelled(cfg, shape, cards, prompt, new_tokens):
 
 @_user_errors
 def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_tokens=32,
-         clock_mhz=None, trace=False):
+         clock_mhz=None, trace=False, batch=1):
     """The performance model's projection of a GPT-2 on ``cards`` cards of a config.
 
     Parameters
@@ -485,6 +485,10 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
     trace : bool
         Also return, under ``"trace"``, the modelled timeline of the first decode step (every
         card's instructions with their issue and done cycles).
+    batch : int
+        Streams decoded together (1..core.limits.streams): that many prompts of
+        ``prompt_tokens`` each; the decode figures are then per step and
+        ``decode_tokens_per_s`` counts every stream's tokens.
 
     Returns
     -------
@@ -521,9 +525,14 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
     if prompt_tokens + new_tokens - 1 > shape.n_positions:
         raise UserError(f"--prompt-tokens + --new-tokens: {prompt_tokens + new_tokens} is beyond the "
                         f"model's context of {shape.n_positions} positions (+1 for the last token)")
+    most = cfg.core.limits.streams
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= most:
+        raise UserError(f"--batch: got {batch!r}; allowed: 1..{most} (core.limits.streams of "
+                        f"{cfg.name})")
     cfg = cfg.replace(cards=cards, clock_mhz=clock_mhz or cfg.clock_mhz)
-    costs = StepCosts(cfg, shape, cards)
-    r = predict(cfg, shape, cards=cards, prompt=prompt_tokens, new_tokens=new_tokens, costs=costs)
+    costs = StepCosts(cfg, shape, cards, streams=batch)
+    r = predict(cfg, shape, cards=cards, prompt=prompt_tokens, new_tokens=new_tokens, costs=costs,
+                batch=batch)
     from .perf import recorded_calibration
     cal = recorded_calibration() or {}
     out = {"config": cfg.name, "model_shape": name, **r,
@@ -534,7 +543,8 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
         # the first decode step (at the last position when the prompt fills the context, as
         # predict prices it)
         pos = min(prompt_tokens, shape.n_positions - 1)
-        progs = [cm.step([0], pos) for cm in costs.cms]
+        progs = ([cm.step([0], pos) for cm in costs.cms] if batch == 1 else
+                 [cm.step_batch([(0, pos, s) for s in range(batch)]) for cm in costs.cms])
         step = simulate(cfg, progs, trace=True)
         out["trace"] = {"config": cfg.name, "model_shape": name, "cards": cards, "step": "decode",
                         "position": pos, "cycles": step["cycles"],

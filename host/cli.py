@@ -257,6 +257,9 @@ def build_parser():
                     help="prompt length to project (prefill)")
     pf.add_argument("--new-tokens", type=INT, default=32, action=_Once, metavar="N",
                     help="tokens generated to project (decode)")
+    pf.add_argument("--batch", type=INT, default=1, action=_Once, metavar="B",
+                    help="streams decoded together, 1..core.limits.streams (B prompts of "
+                         "--prompt-tokens each; decode figures per step, tokens/s of all streams)")
     pf.add_argument("--json", action="store_true", help="print one JSON object")
     pf.add_argument("--trace", action=_Once, metavar="FILE.json",
                     help="write the modelled timeline of the first decode step (every card's "
@@ -697,7 +700,8 @@ def cmd_perf(args):
     if args.trace:
         check_out_file(args.trace, "--trace")
     r = perf(args.config, args.model_shape, cards=args.cards, prompt_tokens=args.prompt_tokens,
-             new_tokens=args.new_tokens, clock_mhz=args.clock_mhz, trace=bool(args.trace))
+             new_tokens=args.new_tokens, clock_mhz=args.clock_mhz, trace=bool(args.trace),
+             batch=args.batch)
     r["model_shape"] = args.model_shape
     if args.trace:
         doc = r.pop("trace")
@@ -710,8 +714,14 @@ def cmd_perf(args):
         return 0
     print(f"{args.model_shape} on {r['cards']} x {r['config']} at {r['clock_mhz']:g} MHz, "
           f"[{args.prompt_tokens}:{args.new_tokens}] (projected by the model):")
-    print(f"  decode  {r['decode_ms_per_token']} ms/token ({r['decode_cycles_per_token']:.0f} cycles), "
-          f"{r['hbm_roofline_fraction']} of the HBM roofline ({r['hbm_roofline_decode_ms_per_token']} ms)")
+    if r["batch"] > 1:
+        print(f"  decode  {r['batch']} streams together: {r['decode_ms_per_token']} ms a step "
+              f"({r['decode_cycles_per_token']:.0f} cycles), {r['decode_tokens_per_s']} tokens/s of "
+              f"all streams")
+    else:
+        print(f"  decode  {r['decode_ms_per_token']} ms/token ({r['decode_cycles_per_token']:.0f} "
+              f"cycles), {r['hbm_roofline_fraction']} of the HBM roofline "
+              f"({r['hbm_roofline_decode_ms_per_token']} ms)")
     print(f"  prefill {r['prefill_ms_per_token']} ms per input token "
           f"({r['tokens_per_step']} tokens per step); total {r['total_ms']} ms")
     if args.model_shape in DFX:

@@ -527,13 +527,13 @@ class StepCosts:
     linearly with its position: the attention over the KV cache)."""
 
     def __init__(self, cfg, shape, cards, *, overheads=Overheads(), coll_algorithm="ring",
-                 reuse=None, max_tokens=None):
+                 reuse=None, max_tokens=None, streams=1):
         from .compiler import CompiledModel, check_limits
         from .model import Gpt2
         check_limits(cfg, shape, "--model-shape")
         model = Gpt2(shape, None)
         self.reuse = reuse
-        self.cms = [CompiledModel(cfg, model, card=i, cards=cards, max_tokens=max_tokens)
+        self.cms = [CompiledModel(cfg, model, card=i, cards=cards, max_tokens=max_tokens, streams=streams)
                     for i in range(cards)]
         self.T, self.cfg, self.o = self.cms[0].T, cfg, overheads
         self.cards, self.shape, self.coll_algorithm = cards, shape, coll_algorithm
@@ -548,42 +548,63 @@ class StepCosts:
                                        coll_algorithm=self.coll_algorithm)["cycles"]
         return self._memo[key]
 
-    def curve(self, tokens, first, last, samples=5):
-        """Cycles of steps at positions first .. last (inclusive, stride ``tokens``)."""
+    def batch_at(self, streams, pos):
+        """Modelled cycles of one decode step of a batch of ``streams`` streams, each at
+        position ``pos`` (CompiledModel.step_batch)."""
+        key = ("batch", streams, pos)
+        if key not in self._memo:
+            progs = [cm.step_batch([(0, pos, s) for s in range(streams)]) for cm in self.cms]
+            self._memo[key] = simulate(self.cfg, progs, overheads=self.o, reuse=self.reuse,
+                                       coll_algorithm=self.coll_algorithm)["cycles"]
+        return self._memo[key]
+
+    def curve(self, tokens, first, last, samples=5, batch=None):
+        """Cycles of steps at positions first .. last (inclusive, stride ``tokens``); with
+        ``batch``, of decode steps of that many streams (stride 1)."""
         xs = np.arange(first, last + 1, tokens)
         pts = sorted({int(xs[round(k * (len(xs) - 1) / max(1, samples - 1))]) for k in range(samples)})
-        return np.interp(xs, pts, [self.at(tokens, p) for p in pts])
+        cost = (lambda p: self.at(tokens, p)) if batch is None else (lambda p: self.batch_at(batch, p))
+        return np.interp(xs, pts, [cost(p) for p in pts])
 
 
-def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Overheads()):
+def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Overheads(), batch=1):
     """Prefill and decode figures for ``prompt`` input tokens and ``new_tokens`` generated
     ones, as `gptfpga run` steps them: prefill in steps of T tokens, then one token per step
     (the first generated token comes out of the prefill, so ``total_ms`` is the prefill and
     ``new_tokens - 1`` decode steps; with one new token, the decode figures are those of a
     step at the prompt's end, not part of the total: at position ``prompt``, or at the last
-    position, ``n_positions - 1``, when the prompt fills the model's context)."""
-    c = costs or StepCosts(cfg, shape, cards, overheads=overheads)
+    position, ``n_positions - 1``, when the prompt fills the model's context).
+
+    ``batch`` > 1: that many streams of such a prompt, as `gptfpga run` with several prompts
+    runs them (each prompt's prefill alone, then decode steps of every stream's token:
+    ``costs`` compiled for at least that many streams). The decode figures are then per step
+    (the time each stream waits for its next token) and ``decode_tokens_per_s`` counts every
+    stream's tokens."""
+    c = costs or StepCosts(cfg, shape, cards, overheads=overheads, streams=batch)
     T = c.T
     full = prompt // T
     pre = c.curve(T, 0, (full - 1) * T).sum() if full else 0.0
     if prompt % T:
         pre += c.at(prompt % T, full * T)
     steps = max(0, new_tokens - 1)
-    decode = c.curve(1, prompt, prompt + steps - 1).sum() if steps else 0.0
-    per_tok = decode / steps if steps else c.at(1, min(prompt, shape.n_positions - 1))
+    many = batch if batch > 1 else None
+    decode = c.curve(1, prompt, prompt + steps - 1, batch=many).sum() if steps else 0.0
+    last = min(prompt, shape.n_positions - 1)
+    per_tok = decode / steps if steps else (c.at(1, last) if many is None else c.batch_at(batch, last))
     clock = cfg.clock_mhz * 1e3                       # cycles per ms
     weights = _weight_bytes(shape, cfg.core.weight_bytes)
     ideal = weights / cards / cfg.hbm_bytes_per_cycle  # a card's share at the HBM's peak
     return {
         "cards": cards, "clock_mhz": cfg.clock_mhz, "prompt_tokens": prompt,
         "new_tokens": new_tokens, "tokens_per_step": T, "decode_steps": steps,
+        "batch": batch,
         "prefill_cycles_per_token": round(float(pre) / prompt, 1),
         "decode_cycles_per_token": round(float(per_tok), 1),
         "prefill_ms_per_token": round(float(pre) / prompt / clock, 4),
         "decode_ms_per_token": round(float(per_tok) / clock, 4),
-        # every stream's tokens together (one stream: decode is not batched yet)
-        "decode_tokens_per_s": round(1000.0 * clock / float(per_tok), 2),
-        "total_ms": round(float(pre + decode) / clock, 3),
+        # every stream's tokens together
+        "decode_tokens_per_s": round(batch * 1000.0 * clock / float(per_tok), 2),
+        "total_ms": round(float(batch * pre + decode) / clock, 3),
         "weight_bytes": int(weights),
         "hbm_roofline_decode_ms_per_token": round(ideal / clock, 4),
         "hbm_roofline_fraction": round(ideal / float(per_tok), 4),

@@ -160,3 +160,23 @@ def test_cli_several_prompts_bad_input(args, needle):
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_perf_batch():
+    """gptfpga perf --batch B: the decode figures per step of B streams, decode_tokens_per_s of
+    all of them (B tokens a step); a batch step models more cycles than a lone stream's and
+    fewer than B of them (the weights stream once); more streams than the build's limit is a
+    one-line error."""
+    from host.api import perf
+    one = perf(CFG, DEMO_MODEL, cards=2, prompt_tokens=8, new_tokens=4, batch=1)
+    four = perf(CFG, DEMO_MODEL, cards=2, prompt_tokens=8, new_tokens=4, batch=4)
+    assert one["batch"] == 1 and four["batch"] == 4
+    assert four["decode_tokens_per_s"] == pytest.approx(
+        4 * 1000 * four["clock_mhz"] * 1e3 / four["decode_cycles_per_token"], rel=1e-3)
+    c1, c4 = one["decode_cycles_per_token"], four["decode_cycles_per_token"]
+    assert c1 < c4 < 4 * c1
+    gain = four["decode_tokens_per_s"] / one["decode_tokens_per_s"]
+    print(f"tiny, the demo model, 2 cards: batch 4 decodes {four['decode_tokens_per_s']} tokens/s, "
+          f"batch 1 {one['decode_tokens_per_s']} ({gain:.2f}x)")
+    with pytest.raises(UserError, match=r"--batch: got 5; allowed: 1..4"):
+        perf(CFG, "gpt2", batch=5)

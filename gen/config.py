@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from hw.isa import MAX_TOKENS
+from hw.isa import ADDR_BITS, MATVEC_ROW_BITS, MAX_TOKENS
 from hw.ring import MIN_LINK_BITS, MIN_RING_LINK_BITS
 
 # The device a card is built for (an Alveo U280): what one card's matrix unit and weight FIFO
@@ -100,12 +100,12 @@ class CoreConfig:
     weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8"))
     vector_lanes: int = _spec(int, "vector unit lanes: fp32 elements per cycle (divides lanes)",
                               lo=1, hi=64, pow2=True)
-    vsp_words: int = _spec(int, "vector scratchpad capacity in fp32 words", lo=1024, hi=1 << 16,
-                           pow2=True)
+    vsp_words: int = _spec(int, "vector scratchpad capacity in fp32 words", lo=1024,
+                           hi=1 << ADDR_BITS, pow2=True)
     vsp_segments: int = _spec(int, "independently ported VSP segments (by address range)",
                               lo=1, hi=16, pow2=True)
     xb_words: int = _spec(int, "matrix-unit input buffer capacity in fp16 words", lo=256,
-                          hi=1 << 16, pow2=True)
+                          hi=1 << ADDR_BITS, pow2=True)
     weight_fifo_tiles: int = _spec(int, "weight FIFO depth in tiles (prefetch ahead of the MPU)",
                                    lo=16, hi=1 << 16, pow2=True)
     limits: LimitsConfig = _spec(LimitsConfig, "largest model the build supports")
@@ -213,6 +213,15 @@ class ApplianceConfig:
         if self.core.xb_words < self.core.width:
             raise ConfigError(f"core.xb_words: got {self.core.xb_words}; allowed: at least "
                               f"core.width ({self.core.width})")
+        # MATVEC addresses the VSP and XB by rows (hw/isa.py): 2^16 rows of each
+        for key, words, row, what in (("vsp_words", c.vsp_words, c.vector_lanes, "core.vector_lanes"),
+                                      ("xb_words", c.xb_words, c.width, "core.width")):
+            most = row << MATVEC_ROW_BITS
+            if words > most:
+                raise ConfigError(
+                    f"core.{key}: got {words:,}; allowed with {what} = {row}: at most {most:,} "
+                    f"(MATVEC's {MATVEC_ROW_BITS}-bit row addresses of {row} words), "
+                    f"{words - most:,} too many")
         self._check_ring()
 
     def _check_ring(self):

@@ -1,7 +1,8 @@
 """The Python API of gptfpga: a GPT-2 on an appliance of N cards, and the performance model.
 
 ``import gptfpga`` gives :class:`Appliance` (load a config and a checkpoint, choose the
-backend and the card count, generate or stream tokens, read the statistics), :func:`perf`
+backend and the card count, generate or stream tokens, decode several prompts together,
+read the statistics), :func:`perf`
 (the performance model's projection of any GPT-2 size on N cards) and :class:`UserError`,
 the one exception for a mistake in what was asked (its ``str()`` is one line naming the
 argument, by its command-line flag, the value and what is allowed). The ``gptfpga`` command
@@ -20,6 +21,9 @@ Example (run from the repository's root; the ISS backend needs no Verilator buil
     for token in app.stream(prompt_ids=[290, 303, 482], new_tokens=8, temperature=0.8, top_k=40, seed=1):
         print(token.text, end="", flush=True)
     print()
+
+    batch = app.generate_batch(["The machine wrote", "Once upon a time"], new_tokens=8)
+    print([r.text for r in batch.streams])                     # each as generate() gives it alone
 
     fig = gptfpga.perf(config="configs/u280x4.yaml", model_shape="gpt2-xl", cards=4,
                        prompt_tokens=32, new_tokens=32)

@@ -350,14 +350,15 @@ class CardModel:
             return [("vsp", f["vsp"], f["vsp"] + f["n"])], [("hbm", f["row"], last + 1)]
         if op == "WLOAD":
             return [("hbm", f["row"], f["row"] + f["tiles"])], []
-        if op == "MATVEC":
-            T = f["tokens"]
+        if op == "MATVEC":         # (its addresses are rows: width XB, vector_lanes VSP words)
+            T, W, P = f["tokens"], self.W, self.P
             rbl = f["rb"] * self.L * (2 if f.get("i8", 0) else 1)
-            reads = [("xb", f["xb"], f["xb"] + (T - 1) * f["xstride"] + f["cb"] * self.W)]
+            xb, dst, bias, ds = f["xb"] * W, f["dst"] * P, f["bias"] * P, f["dstride"] * P
+            reads = [("xb", xb, xb + (T - 1) * f["xstride"] * W + f["cb"] * W)]
             if f["bias_en"]:
-                bspan = (T - 1) * f["dstride"] + rbl if f.get("btok", 0) else rbl
-                reads.append(("vsp", f["bias"], f["bias"] + bspan))
-            return reads, [("vsp", f["dst"], f["dst"] + (T - 1) * f["dstride"] + rbl)]
+                bspan = (T - 1) * ds + rbl if f.get("btok", 0) else rbl
+                reads.append(("vsp", bias, bias + bspan))
+            return reads, [("vsp", dst, dst + (T - 1) * ds + rbl)]
         if op == "VEC":
             vop = f["vop"]
             n = f["n"]

@@ -9,8 +9,10 @@ a program that runs into zeroed memory stops with an error instead of doing noth
 
 Address spaces
 --------------
-- VSP: the vector scratchpad, fp32 words (``core.vsp_words`` of them), word addresses.
-- XB: the matrix unit's input buffer, fp16 words (``core.xb_words``), word addresses.
+- VSP: the vector scratchpad, fp32 words (``core.vsp_words`` of them, at most 2^20), word
+  addresses of ADDR_BITS; MATVEC addresses it by rows of ``core.vector_lanes`` words.
+- XB: the matrix unit's input buffer, fp16 words (``core.xb_words``, at most 2^20), word
+  addresses of ADDR_BITS; MATVEC addresses it by rows of ``core.width`` words.
 - HBM rows: a *stripe row* r is beat r of every HBM channel: ``channels x beat_bytes`` bytes,
   channel c holding bytes ``[c*beat_bytes, (c+1)*beat_bytes)`` of the stripe. Weight tiles,
   vectors and the KV cache are all placed by stripe row.
@@ -18,11 +20,13 @@ Address spaces
 
 from dataclasses import dataclass
 
-__all__ = ["INSN_BITS", "Field", "Format", "FORMATS", "OPCODES", "UNITS", "UNIT_OF", "ACC_DEPTH",
-           "MAX_TOKENS", "VOPS", "ERRORS", "encode", "decode", "Insn", "isa_markdown"]
+__all__ = ["INSN_BITS", "ADDR_BITS", "MATVEC_ROW_BITS", "Field", "Format", "FORMATS", "OPCODES", "UNITS",
+           "UNIT_OF", "ACC_DEPTH", "MAX_TOKENS", "VOPS", "ERRORS", "encode", "decode", "Insn", "isa_markdown"]
 
 INSN_BITS = 128
 OPCODE_BITS = 4
+ADDR_BITS = 20          # VSP and XB word addresses and element counts of LOAD, STORE and VEC
+MATVEC_ROW_BITS = 16    # MATVEC's VSP and XB addresses and strides, in rows
 ACC_DEPTH = 64          # the matrix unit's accumulator slots: MATVEC group x tokens at most
 MAX_TOKENS = 8          # MATVEC.tokens at most (token vectors sharing each weight tile)
 
@@ -57,14 +61,14 @@ FORMATS = (
     Format("HALT", 1, "ctrl", (), "Wait until every unit is idle, then stop: ap_done, status OK."),
     Format("FENCE", 2, "ctrl", (), "Wait until every issued instruction has completed."),
     Format("LOAD", 3, "dma_rd", (
-        F("vsp", 16, "first VSP word written"),
-        F("n", 16, "elements to load (>= 1)"),
+        F("vsp", ADDR_BITS, "first VSP word written"),
+        F("n", ADDR_BITS, "elements to load (>= 1)"),
         F("row", 24, "first stripe row read"),
         F("f32", 1, "the elements are fp32 words (4 bytes) taken as they are, not fp16"),
     ), "VSP[vsp + i] = fp32(fp16 element i of the stripe rows from `row`), i < n. Element i "
        "is at byte 2i (4i with f32) of the run of stripes starting at `row`."),
     Format("STORE", 4, "dma_wr", (
-        F("vsp", 16, "first VSP word read"),
+        F("vsp", ADDR_BITS, "first VSP word read"),
         F("n", 16, "elements to store (>= 1)"),
         F("row", 24, "first stripe row written"),
         F("off", 12, "byte offset of the first group in its stripe row"),
@@ -87,15 +91,15 @@ FORMATS = (
        "claimed by an issued MATVEC must fit in the FIFO (core.weight_fifo_tiles), so that every "
        "WLOAD completes without waiting for a later instruction."),
     Format("MATVEC", 6, "mpu", (
-        F("xb", 16, "XB word of token 0's input vector"),
-        F("dst", 16, "VSP word of token 0's output"),
-        F("bias", 16, "VSP word of the bias (when bias_en)"),
+        F("xb", MATVEC_ROW_BITS, "XB row (width words) of token 0's input vector"),
+        F("dst", MATVEC_ROW_BITS, "VSP row (vector_lanes words) of token 0's output"),
+        F("bias", MATVEC_ROW_BITS, "VSP row of the bias (when bias_en)"),
         F("rb", 16, "row blocks (lanes rows each, >= 1)"),
         F("cb", 12, "column blocks (width columns each, >= 1)"),
         F("group", 8, "row blocks per group in the tile order (>= 1)"),
         F("tokens", 4, f"token vectors sharing each tile, 1..{MAX_TOKENS} (prefill)"),
-        F("xstride", 16, "XB words from one token's input to the next"),
-        F("dstride", 16, "VSP words from one token's output to the next"),
+        F("xstride", MATVEC_ROW_BITS, "XB rows from one token's input to the next"),
+        F("dstride", MATVEC_ROW_BITS, "VSP rows from one token's output to the next"),
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),
         F("tt", 1, "the tiles are stored transposed: element (r, c) of a tile at c*lanes + r "
                    "(the V cache's layout, where a new position's column is contiguous)"),
@@ -103,13 +107,16 @@ FORMATS = (
                    "builds; not with tt)"),
         F("btok", 1, "with bias_en: each token has its own bias, token t's at bias + t*dstride "
                      "(a decode batch's streams, each starting from its own residual)"),
-    ), "For each token t and row r < rb*lanes: VSP[dst + t*dstride + r] = bias[r] + sum over "
-       "column blocks c of dot(W[r, cW:(c+1)W], XB[xb + t*xstride + cW : ...]) (the block "
+    ), "Addresses and strides are in rows: xb and xstride of width XB words, dst, bias and "
+       "dstride of vector_lanes VSP words (below, x = width * xb, d = vector_lanes * dst, "
+       "and so on, in words). For each token t and row r < rb*lanes: VSP[d + t*ds + r] = "
+       "bias[r] + sum over "
+       "column blocks c of dot(W[r, cW:(c+1)W], XB[x + t*xs + cW : ...]) (the block "
        "floating-point dot product of docs/numerics.md, fp32), consuming "
        "rb*cb tiles from the weight FIFO in the order: groups of `group` row blocks; within a "
        "group, column block by column block; within that, row block by row block. group x "
        f"tokens <= {ACC_DEPTH} (the accumulator depth). With btok the bias is "
-       "bias[t*dstride + r], token t's own (it may be dst itself: in place, token by token). "
+       "bias[t*ds + r], token t's own (it may be dst itself: in place, token by token). "
        "With i8 a tile (a stripe row) holds "
        "2*lanes rows of width int8 weights, row r at bytes [r*width, (r+1)*width), so a row "
        "block is 2*lanes rows (r < rb*2*lanes), and each group's tiles are preceded in the "
@@ -119,14 +126,14 @@ FORMATS = (
        "block-aligned activations, scaled, rounded once to fp32 (docs/numerics.md)."),
     Format("VEC", 7, "vpu", (
         F("vop", 5, "vector operation (VOPS)"),
-        F("dst", 16, "destination word (VSP, or XB for CVT16)"),
-        F("src1", 16, "first source VSP word"),
-        F("src2", 16, "second source VSP word"),
-        F("n", 16, "elements (>= 1)"),
+        F("dst", ADDR_BITS, "destination word (VSP, or XB for CVT16)"),
+        F("src1", ADDR_BITS, "first source VSP word"),
+        F("src2", ADDR_BITS, "second source VSP word"),
+        F("n", ADDR_BITS, "elements (>= 1)"),
         F("k", 16, "MASK: last unmasked index"),
         F("bcast", 1, "src2 is one word broadcast to every element"),
         F("x16", 1, "also write fp16(dst[i]) to XB[xdst + i] (elementwise operations but CVT16)"),
-        F("xdst", 16, "with x16: first XB word written"),
+        F("xdst", ADDR_BITS, "with x16: first XB word written"),
     ), "dst[i] = op(src1[i], src2[i or 0]), i < n; reductions write one word. With x16 an "
        "elementwise result also goes to XB as fp16, rounded as CVT16 rounds (the next MATVEC's "
        "input without a CVT16 pass over it)."),
@@ -201,8 +208,8 @@ ERRORS = {
     10: ("TIMEOUT", "no unit made progress for the watchdog's limit"),
     11: ("WEIGHT_OVERFLOW", "a WLOAD would leave more streamed, unclaimed tiles than the "
                             "weight FIFO holds (core.weight_fifo_tiles)"),
-    12: ("ALIGN", "a vector operand not aligned to core.vector_lanes, or an XB operand not "
-                  "aligned to core.width"),
+    12: ("ALIGN", "a vector operand (VSP or XB) not aligned to core.vector_lanes (MATVEC's "
+                  "addresses are rows: always aligned)"),
     13: ("OVERLAP", "source and destination ranges of one instruction overlap (other than "
                     "exactly in place)"),
     14: ("RING_ERROR", "a collective whose peers did not all reach a matching COLL, or a ring "

@@ -50,8 +50,9 @@ def _matvec_program(cfg, shapes):
             prog.append(encode("WLOAD", row=jobs[k][0], tiles=jobs[k][1] * jobs[k][2]))
             avail += jobs[k][1] * jobs[k][2]
             k += 1
-        prog.append(encode("MATVEC", xb=0, dst=dst, rb=n, cb=cb, group=8, tokens=1,
-                           bias=dst, bias_en=int(acc)))
+        P = cfg.core.vector_lanes              # (MATVEC's VSP addresses are rows)
+        prog.append(encode("MATVEC", xb=0, dst=dst // P, rb=n, cb=cb, group=8, tokens=1,
+                           bias=dst // P, bias_en=int(acc)))
         avail -= n * cb
     prog.append(encode("HALT"))
     return prog, tiles

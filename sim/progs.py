@@ -150,6 +150,8 @@ class ProgramGen:
                 out.append(encode("WLOAD", row=row, tiles=count))
         if r.random() < 0.5:
             out += self.vec()
+        for k, unit in (("xb", W), ("xstride", W), ("dst", P), ("dstride", P), ("bias", P)):
+            f[k] = f.get(k, 0) // unit                # (MATVEC's addresses are rows)
         out.append(encode("MATVEC", **f))
         return out
 

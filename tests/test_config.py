@@ -85,6 +85,12 @@ CASES = {
                                   d["hbm"].update(channels=32, data_bits=512)),
                        ["core.weight_fifo_tiles: got 65,536 tiles of 2,048 bytes = 128.0 MiB",
                         "at most 17,280 tiles", "48,256 too many"]),
+    # beyond the ISA: 20-bit VSP and XB word addresses, MATVEC's 16-bit rows (vector_lanes words)
+    "vsp_past_isa": (lambda d: d["core"].__setitem__("vsp_words", 1 << 21),
+                     ["core.vsp_words: got 2097152", "power of two in [1024, 1048576]"]),
+    "vsp_past_matvec_rows": (lambda d: d["core"].__setitem__("vsp_words", 1 << 20),
+                             ["core.vsp_words: got 1,048,576", "core.vector_lanes = 4: at most 262,144",
+                              "786,432 too many"]),
     # what the collective node and a ring card's collective unit need of the link
     "link_too_narrow": (lambda d: d["link"].__setitem__("data_bits", 64),
                         ["link.data_bits: got 64", "at least 128"]),

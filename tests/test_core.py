@@ -152,7 +152,7 @@ def error_cases(cfg):
         "i8_on_fp16": ([encode("WLOAD", row=64, tiles=2),
                         encode("MATVEC", rb=1, cb=1, group=1, tokens=1, i8=1), encode("HALT")],
                        "BAD_FIELD", 1),
-        "accumulators": ([encode("MATVEC", rb=1, cb=1, group=16, tokens=8, dstride=64),
+        "accumulators": ([encode("MATVEC", rb=1, cb=1, group=16, tokens=8, dstride=64 // P),
                           encode("HALT")], "BAD_FIELD", 0),
         "store_span": ([ok, encode("STORE", vsp=0, n=4, row=512, off=cfg.stripe_bytes - 2, lepg=1),
                         encode("HALT")], "BAD_FIELD", 1),
@@ -172,12 +172,11 @@ def error_cases(cfg):
         "stream_overflow": ([encode("WLOAD", row=64, tiles=c.weight_fifo_tiles // 2),
                              encode("WLOAD", row=64, tiles=c.weight_fifo_tiles // 2 + 1), encode("HALT")],
                             "WEIGHT_OVERFLOW", 1),
-        "align": ([encode("LOAD", vsp=1, n=4, row=0), encode("HALT")] if P > 1 else
-                  [encode("WLOAD", row=64, tiles=1), encode("MATVEC", xb=1, rb=1, cb=1, group=1, tokens=1),
-                   encode("HALT")], "ALIGN", 0 if P > 1 else 1),
         "overlap": ([ok, encode("VEC", vop="ADD", dst=P, src1=0, src2=0, n=2 * P), encode("HALT")],
                     "OVERLAP", 1),
-        **({"x16_align": ([ok, encode("VEC", vop="MOV", dst=64, src1=0, n=4, x16=1, xdst=1),
+        # (MATVEC's addresses are rows, so only vector_lanes > 1 can misalign an operand)
+        **({"align": ([encode("LOAD", vsp=1, n=4, row=0), encode("HALT")], "ALIGN", 0),
+            "x16_align": ([ok, encode("VEC", vop="MOV", dst=64, src1=0, n=4, x16=1, xdst=1),
                            encode("HALT")], "ALIGN", 1)} if P > 1 else {}),
     }
 

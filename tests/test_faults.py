@@ -70,7 +70,7 @@ class _Step:
     def __init__(self, prog, prog_addr):
         self.prog, self.prog_addr = prog, prog_addr
 
-    def step(self, tokens, pos0):
+    def step(self, tokens, pos0, stream=0):
         return self.prog
 
 
@@ -186,7 +186,7 @@ def _data_program(cfg, lay):
     return [encode("LOAD", vsp=0, n=512, row=0),                  # pc 0: rows 0..7
             encode("LOAD", vsp=512, n=512, row=32, f32=1),        # pc 1: rows 32..47
             encode("WLOAD", row=64, tiles=4),                     # pc 2
-            encode("MATVEC", rb=1, cb=4, group=1, tokens=1, dst=2048),
+            encode("MATVEC", rb=1, cb=4, group=1, tokens=1, dst=2048 // cfg.core.vector_lanes),
             encode("VEC", vop="ADD", dst=1024, src1=0, src2=512, n=512),
             _store(cfg, 1024, 64, out),                           # pc 5: 2 writes per channel
             _store(cfg, 0, 32, out + 8),                          # pc 6: 1 write
@@ -272,7 +272,8 @@ def test_instruction_fetch_error(cfg, lib):
 FLIPS = {  # name: (pc, bit of the 128-bit word), what the corrupted word is
     "opcode": (1, 3),               # LOAD (3) -> 11: no such opcode
     "vsp_field": (2, 4 + 15),       # LOAD.vsp + 32768: beyond the VSP
-    "row_field": (1, 36 + 4),       # LOAD.row + 16: a valid LOAD of other data (silent)
+    # LOAD.row + 16: a valid LOAD of other data (silent)
+    "row_field": (1, FORMAT_BY_NAME["LOAD"].offsets()["row"][0] + 4),
     "vop": (4, 4 + 4),              # VEC.vop ADD -> another operation or none
 }
 

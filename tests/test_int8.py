@@ -157,12 +157,13 @@ def _iss_matvec(cfg, q, e, x, *, tokens=1, group=8, bias=None, **fields):
     xs = np.zeros((T, cb * W), np.float16)
     xs[:, :x.shape[1]] = x
     iss.xb[:T * cb * W] = xs.view(np.uint16).reshape(-1)
-    f = dict(xb=0, dst=4096, rb=rb, cb=cb, group=group, tokens=T, xstride=cb * W if T > 1 else 0,
-             dstride=rb * L2 if T > 1 else 0, i8=1, **fields)
+    P = cfg.core.vector_lanes                     # (MATVEC's addresses are rows)
+    f = dict(xb=0, dst=4096 // P, rb=rb, cb=cb, group=group, tokens=T, xstride=cb if T > 1 else 0,
+             dstride=rb * L2 // P if T > 1 else 0, i8=1, **fields)
     if bias is not None:
         iss.vsp[1024:1024 + rb * L2] = np.zeros(rb * L2, np.float32).view(np.uint32)
         iss.vsp[1024:1024 + len(bias)] = np.asarray(bias, np.float32).view(np.uint32)
-        f.update(bias=1024, bias_en=1)
+        f.update(bias=1024 // P, bias_en=1)
     iss.fifo = []
     for w in (encode("WLOAD", row=10, tiles=stream_tiles(rb, cb, group, True)), encode("MATVEC", **f)):
         iss.step(decode(w))

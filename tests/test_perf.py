@@ -176,8 +176,8 @@ def test_reuse_what_if_holds_a_tile_ceil_t_over_r_cycles():
     from hw.isa import encode
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
     prog = [encode("WLOAD", row=0, tiles=64), encode("FENCE"),
-            encode("MATVEC", xb=0, dst=0, rb=8, cb=8, group=8, tokens=8, xstride=128,
-                   dstride=32), encode("HALT")]
+            encode("MATVEC", xb=0, dst=0, rb=8, cb=8, group=8, tokens=8, xstride=128 // cfg.core.width,
+                   dstride=32 // cfg.core.vector_lanes), encode("HALT")]
 
     def busy(reuse):
         g = perf.CardModel(cfg, reuse=reuse).run(prog)

@@ -179,10 +179,11 @@ class Emitter:
             if tiles > self.fifo:
                 raise UserError(f"model: {tiles} tiles in one MATVEC exceed the weight FIFO's "
                                 f"{self.fifo} (core.weight_fifo_tiles)")
-            f = dict(xb=xb, dst=dst + r0 * L, rb=n, cb=cb, group=group, tokens=T,
-                     xstride=xstride if T > 1 else 0, dstride=dstride if T > 1 else 0,
-                     bias=(bias + r0 * L) if bias is not None else 0, bias_en=int(bias is not None),
-                     tt=tt, i8=int(i8))
+            f = self._matvec_rows(xb=xb, dst=dst + r0 * L, xstride=xstride if T > 1 else 0,
+                                  dstride=dstride if T > 1 else 0,
+                                  bias=(bias + r0 * L) if bias is not None else 0)
+            f.update(rb=n, cb=cb, group=group, tokens=T, bias_en=int(bias is not None), tt=tt,
+                     i8=int(i8))
             if btok and T > 1:
                 f["btok"] = 1
             runs = kv if kv else [(self._block_row(row, r0, cb, i8), tiles)]
@@ -197,6 +198,15 @@ class Emitter:
                 return partial(self._then, then, T, prev, L)
             self._then(then, T, prev, L)
         return None
+
+    def _matvec_rows(self, *, xb, xstride, dst, dstride, bias):
+        """MATVEC's address fields from word addresses: XB rows of width words, VSP rows of
+        vector_lanes words (the buffers are placed so: Placement)."""
+        W, P = self.W, self.P
+        for name, v, unit in (("xb", xb, W), ("xstride", xstride, W), ("dst", dst, P),
+                              ("dstride", dstride, P), ("bias", bias, P)):
+            assert v % unit == 0, (name, v, unit)
+        return dict(xb=xb // W, xstride=xstride // W, dst=dst // P, dstride=dstride // P, bias=bias // P)
 
     @staticmethod
     def _block_row(row, r0, cb, i8):

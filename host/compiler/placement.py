@@ -11,7 +11,8 @@ Owns
   largest share of any card, so that every card of an appliance steps alike; each card then
   places its own, smaller or equal, buffers with that candidate.
 
-The ISA's 16-bit VSP and XB addresses cap both spaces at 64K words.
+The ISA's VSP and XB addresses (hw/isa.py: ADDR_BITS words; MATVEC's 16-bit rows) cap both
+spaces at 2^20 words (the config checks them).
 """
 
 from dataclasses import dataclass

@@ -171,31 +171,30 @@ class Decoder(wiring.Component):
     def _matvec(self, m, f, d):
         wl = (self.W - 1).bit_length()
         ll = (self.L - 1).bit_length()
+        pl = (self.P - 1).bit_length()
         T = f.tokens
         multi = T > 1
         rbl = f.rb << ll
-        dspan = Signal(24)
-        m.d.comb += dspan.eq((T - 1) * f.dstride + rbl)
-        xspan = Signal(24)
-        m.d.comb += xspan.eq((T - 1) * f.xstride + (f.cb << wl))
+        # the addresses in words (the fields are rows: width XB words, vector_lanes VSP words)
+        xb, xstride = f.xb << wl, f.xstride << wl
+        dst, dstride, bias = f.dst << pl, f.dstride << pl, f.bias << pl
+        dspan = Signal(28)
+        m.d.comb += dspan.eq((T - 1) * dstride + rbl)
+        xspan = Signal(28)
+        m.d.comb += xspan.eq((T - 1) * xstride + (f.cb << wl))
         btok = f.bias_en & f.btok             # a bias per token, at the output's stride
-        bias_lo, bias_hi = f.bias, f.bias + Mux(btok, dspan, rbl)
-        dst_lo, dst_hi = f.dst, f.dst + dspan
-        pl = (self.P - 1).bit_length()
+        bias_lo, bias_hi = bias, bias + Mux(btok, dspan, rbl)
+        dst_lo, dst_hi = dst, dst + dspan
         m.d.comb += d.err.eq(_first([
             ((f.rb == 0) | (f.cb == 0) | (f.group == 0) | (T == 0) | (T > MAX_TOKENS)
-             | (f.group * T > ACC_DEPTH) | (multi & (f.dstride < rbl))
+             | (f.group * T > ACC_DEPTH) | (multi & (dstride < rbl))
              | f.i8, E["BAD_FIELD"]),                    # the card computes with fp16 tiles only
-            ((f.xb[0:wl] != 0) | (multi & (f.xstride[0:wl] != 0))
-             | ((f.dst[0:pl] != 0) | (multi & (f.dstride[0:pl] != 0))
-                | (f.bias_en & (f.bias[0:pl] != 0)) if pl else Const(0, 1)),
-             E["ALIGN"]),
             (f.bias_en & ~((~multi | btok) & (f.bias == f.dst))
              & (bias_lo < dst_hi) & (dst_lo < bias_hi), E["OVERLAP"]),
             ((dst_hi > self.vsp_words) | (f.bias_en & (bias_hi > self.vsp_words)), E["VSP_RANGE"]),
-            (f.xb + xspan > self.xb_words, E["XB_RANGE"]),
+            (xb + xspan > self.xb_words, E["XB_RANGE"]),
         ]))
-        m.d.comb += _range(d.rd1, Space.XB, f.xb, f.xb + xspan)
+        m.d.comb += _range(d.rd1, Space.XB, xb, xb + xspan)
         with m.If(f.bias_en):
             m.d.comb += _range(d.rd2, Space.VSP, bias_lo, bias_hi)
         m.d.comb += _range(d.wr, Space.VSP, dst_lo, dst_hi)

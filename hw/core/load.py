@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 
 from hw.arith.units import fp16_to_fp32_comb
 from hw.dma.reader import ReadCommand
+from hw.isa import ADDR_BITS
 
 from .cmds import DmaReadCmd
 from .vsp import WritePort
@@ -171,7 +172,7 @@ class LoadWriter(wiring.Component):
         held_valid = Signal()
         held_last = Signal()
         pos = Signal(range(elems // P + 1))      # write beat within the stripe
-        done_elems = Signal(17)                  # elements of this LOAD consumed so far
+        done_elems = Signal(ADDR_BITS + 1)                  # elements of this LOAD consumed so far
         m.d.comb += self.i.ready.eq(~held_valid)
         with m.If(self.i.valid & self.i.ready):
             m.d.sync += [held.eq(self.i.payload.data), held_valid.eq(1),

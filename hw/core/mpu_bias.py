@@ -61,7 +61,6 @@ class BiasBanks(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         P, L, R, mv = self._vlanes, self._lanes, self._reuse, self.mv
-        pshift = (P - 1).bit_length()
         rshift = (R - 1).bit_length()
         lpr = L // P                              # VSP rows per bias row of one token
         m.submodules.mem = mem = Memory(shape=32 * L * R, depth=2 * ACC_DEPTH, init=[])
@@ -83,7 +82,7 @@ class BiasBanks(wiring.Component):
         ld_next_g0 = Signal(16)          # next group to load
         ld_done_all = Signal()
         ntok = Mux(btok, mv.tokens, 1)   # bias rows a row block
-        ds = mv.dstride >> pshift        # VSP rows from one token's bias to the next
+        ds = mv.dstride                  # VSP rows from one token's bias to the next
         # the request side: its row block's first VSP row, its token's, its place in that
         q_rbase = Signal(len(self.r.req.payload))
         q_tbase = Signal(len(self.r.req.payload))
@@ -133,7 +132,7 @@ class BiasBanks(wiring.Component):
                     m.d.sync += [g_t.eq(0), g_srow.eq(g_srow + ntg), g_row.eq(g_srow + ntg)]
         with m.If(self.active & mv.bias_en & ~ld_active & ~ld_done_all &
                   ~bank_ready.bit_select(ld_bank, 1)):
-            base = (mv.bias >> pshift) + ld_next_g0 * lpr
+            base = mv.bias + ld_next_g0 * lpr
             m.d.sync += [ld_active.eq(1), ld_req.eq(0), ld_got.eq(0),
                          ld_rows.eq(group_rows(mv, ld_next_g0) * lpr * ntok),
                          q_rbase.eq(base), q_tbase.eq(base), q_sub.eq(0), q_t.eq(0),

@@ -150,8 +150,6 @@ class MpuSequencer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         mv, step, R = self.mv, self.step, self._reuse
-        pshift = (self._vlanes - 1).bit_length()
-        wshift = (self._width - 1).bit_length()
         rshift = (R - 1).bit_length()
         lpr = self._lanes // self._vlanes           # VSP rows per output row block
         g0 = Signal(16)          # first row block of the current group
@@ -175,9 +173,9 @@ class MpuSequencer(wiring.Component):
                      self.starve.eq(waiting & ~tile_ok),
                      self.pop.eq(step & need_tile), self.claim.eq(step & last_c),
                      self.block.eq(ri[0:SLOT_BITS]), self.slot.eq(slot)]
-        xs, ds = mv.xstride >> wshift, mv.dstride >> pshift
-        xrow0 = (mv.xb >> wshift) + t * xs + c
-        row0 = (mv.dst >> pshift) + t * ds + (g0 + ri) * lpr
+        xs, ds = mv.xstride, mv.dstride        # (MATVEC's addresses are rows)
+        xrow0 = mv.xb + t * xs + c
+        row0 = mv.dst + t * ds + (g0 + ri) * lpr
         for j in range(R):
             m.d.comb += self.xrow[j].eq(xrow0 + j * xs)
         last_t, last_ri = t + R >= mv.tokens, ri == gs - 1

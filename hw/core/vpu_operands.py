@@ -12,7 +12,7 @@ from hw.stream import ReadAhead
 
 from .cmds import VecCmd
 from .vpu_lanes import NEG_INF, NEG_ZERO
-from .vpu_seq import BMode, pass_layout
+from .vpu_seq import ROW_COUNT_BITS, BMode, pass_layout
 from .vsp import ReadPort, word_select
 
 __all__ = ["OperandFetch", "LaneFeed", "b_needed"]
@@ -72,8 +72,8 @@ class OperandFetch(wiring.Component):
         pas = self.pas
         m.submodules.fa = fa = ReadAhead(width=32 * self._lanes)
         m.submodules.fb = fb = ReadAhead(width=32 * self._lanes)
-        ri_a = Signal(16)
-        ri_b = Signal(16)
+        ri_a = Signal(ROW_COUNT_BITS)
+        ri_b = Signal(ROW_COUNT_BITS)
         issue_a = Signal()
         issue_b = Signal()
         can_a = self.running & (ri_a < pas.out_rows) & fa.room
@@ -160,7 +160,7 @@ class LaneFeed(wiring.Component):
         m = Module()
         P, pas, vec = self._lanes, self.pas, self.vec
         lbits = max(1, (P - 1).bit_length())      # bits of a lane index
-        fi = Signal(16)                           # row of the pass fed next
+        fi = Signal(ROW_COUNT_BITS)                           # row of the pass fed next
         bn = b_needed(pas, self.is_red, fi)
         m.d.comb += [self.feed.eq(self.running & (fi < pas.out_rows) & self.a.valid
                                   & (~bn | self.b.valid)),

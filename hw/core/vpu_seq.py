@@ -10,13 +10,16 @@ from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from hw.isa import BINARY_VOPS, REDUCE_VOPS, VOPS
+from hw.isa import ADDR_BITS, BINARY_VOPS, REDUCE_VOPS, VOPS
 
 from .cmds import VecCmd
 from .vpu_lanes import TYPE_CODE, VOP_TYPE
 from .vsp import ReadPort, word_select
 
 __all__ = ["BMode", "Target", "pass_layout", "VpuSequencer"]
+
+# rows of a pass: up to 2^ADDR_BITS - 1 elements, one a row at vector_lanes = 1
+ROW_COUNT_BITS = ADDR_BITS + 1
 
 V = {name: code for name, (code, _, _) in VOPS.items()}
 
@@ -45,9 +48,9 @@ def pass_layout(row_bits, lanes):
         "b_mode": BMode,
         "b_same": 1,                # b is a (src2 == src1): read once, not twice from a segment
         "b_base": row_bits,
-        "b_off": 16,                # reductions: b row = i + b_off
-        "in_rows": 16,
-        "out_rows": 16,
+        "b_off": ROW_COUNT_BITS,                # reductions: b row = i + b_off
+        "in_rows": ROW_COUNT_BITS,
+        "out_rows": ROW_COUNT_BITS,
         "first": 1,                 # first reduction pass: lanes beyond n are the identity
         "fold": 1,                  # lane fold pass
         "fw": range(lanes + 1),     # fold: lanes valid in the row
@@ -123,7 +126,7 @@ class VpuSequencer(wiring.Component):
         lbits = max(1, (P - 1).bit_length())      # bits of a lane index
         c, vec, pas = self.cmd.payload, self.vec, self.pas
         pass_done = self.running & self.drained
-        rows_left = Signal(16)      # rows in the scratch after the last row pass
+        rows_left = Signal(ROW_COUNT_BITS)      # rows in the scratch after the last row pass
         bc_wait = Signal()          # broadcast word requested, data next
         m.d.comb += self.busy.eq(self.running | self.cmd.valid)
 

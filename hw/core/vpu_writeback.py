@@ -11,7 +11,7 @@ from hw.arith.pipe import delay
 from hw.arith.units import Fp32ToFp16
 
 from .cmds import VecCmd
-from .vpu_seq import Target, pass_layout
+from .vpu_seq import ROW_COUNT_BITS, Target, pass_layout
 from .vsp import WritePort
 
 __all__ = ["XbWrite", "VpuWriteback"]
@@ -75,7 +75,7 @@ class VpuWriteback(wiring.Component):
         shift = (P - 1).bit_length()              # word address -> row
         xsh = (W - 1).bit_length()                # XB word address -> row
         results = [self.res[32 * j:32 * (j + 1)] for j in range(P)]
-        wi = Signal(16)                           # row of the pass written next
+        wi = Signal(ROW_COUNT_BITS)                           # row of the pass written next
         elem_mask = Signal(P)                     # the elements of the row (n may end in it)
         for j in range(P):
             m.d.comb += elem_mask[j].eq((wi != pas.out_rows - 1) | (j < vec.n - (wi << shift)))

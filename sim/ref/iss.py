@@ -12,7 +12,7 @@ import numpy as np
 from host.device import Device, DeviceError
 from host.stripes import deinterleave, locate
 from hw import regs
-from hw.isa import ACC_DEPTH, ERROR_CODES, MAX_TOKENS, VOP_BY_CODE, VOPS, decode
+from hw.isa import ACC_DEPTH, ERROR_CODES, MAX_TOKENS, VOP_BY_CODE, VOPS, Insn, decode
 
 from . import arith as A
 
@@ -176,6 +176,9 @@ class Iss:
 
     def _matvec(self, i):
         W, P = self.W, self.P
+        # the addresses in words (the fields are rows of width XB words, vector_lanes VSP words)
+        i = Insn(i.op, {**i.fields, "xb": i.xb * W, "xstride": i.xstride * W, "dst": i.dst * P,
+                        "bias": i.bias * P, "dstride": i.dstride * P})
         i8 = bool(i.i8)
         L = self.L * (2 if i8 else 1)              # rows of a tile
         rb, cb, grp, T = i.rb, i.cb, i.group, i.tokens
@@ -184,9 +187,6 @@ class Iss:
                 or (i8 and (self.cfg.core.weight_dtype != "int8" or i.tt
                             or grp * L > self.S))):
             raise IssError("BAD_FIELD")
-        if (i.xb % W or (T > 1 and i.xstride % W) or i.dst % P or (T > 1 and i.dstride % P)
-                or (i.bias_en and i.bias % P)):
-            raise IssError("ALIGN")
         btok = bool(i.bias_en and i.btok)         # a bias per token, at the output's stride
         bspan = (T - 1) * i.dstride + rb * L if btok else rb * L
         if i.bias_en and not ((T == 1 or btok) and i.bias == i.dst):

@@ -380,8 +380,9 @@ def run_table(result):
 
 def _calibration_cases():
     """(name, config, model factory, steps): the runs the model is held to. Each step is
-    (tokens, first position); the KV cache is whatever the earlier steps left (the cycles do
-    not depend on its values)."""
+    (kind, tokens, first position); the KV cache is whatever the earlier steps left (the cycles
+    do not depend on its values). A "batch" step decodes ``tokens`` streams together, stream s
+    at position first + s."""
     from gen.config import load_config
     from host.model import Gpt2Shape, load_checkpoint, random_gpt2
     from host.runtime import DEMO_MODEL
@@ -390,7 +391,7 @@ def _calibration_cases():
     small2 = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=1024, n_positions=128)
     return [
         ("tiny, demo model", tiny, lambda: load_checkpoint(DEMO_MODEL),
-         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100)]),
+         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)]),
         ("medium, GPT-2-small layers x 2", medium,
          lambda: random_gpt2(small2, np.random.default_rng(0)),
          [("prefill", None, 0), ("decode", 1, 4), ("decode", 1, 100)]),
@@ -414,13 +415,15 @@ def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
     progress.total = sum(len(c[3]) for c in cases) + len(coll_cases)
     for name, cfg, make, steps in cases:
         progress.note(f"{name}: compiling, building the Verilated card")
-        cm = CompiledModel(cfg, make())
+        streams = max([t for k, t, _ in steps if k == "batch"], default=1)
+        cm = CompiledModel(cfg, make(), streams=streams)
         dev = RtlDevice(cfg)
         cm.load(dev)
         for kind, tokens, pos in steps:
             progress.step(f"{name}: {kind} at {pos}")
             tokens = tokens or cm.T
-            prog = cm.step([1] * tokens, pos)
+            prog = (cm.step_batch([(1, pos + s, s) for s in range(tokens)]) if kind == "batch"
+                    else cm.step([1] * tokens, pos))
             rtl = dev.run(prog, cm.prog_addr, timeout_s=3600)
             assert rtl["status"] & 0xFF == 0, f"{name}: status {rtl['status']:#x}"
             model = simulate(cfg, [prog])["cycles"]

@@ -43,13 +43,14 @@ def test_constants_are_the_rtls():
 
 
 def test_model_matches_rtl_on_tiny():
-    """Whole prefill and decode steps of the demo model on the Verilated tiny card."""
+    """Whole prefill, decode and batched decode steps of the demo model on the Verilated tiny
+    card."""
     from sim.bench import _calibration_cases, calibrate_perf
     cases = [c for c in _calibration_cases() if c[1].name == "tiny"]
     result = calibrate_perf(cases=cases, collectives=False, log=print)
     for r in result["steps"]:
         assert abs(r["error"]) <= TOL, r
-    assert {r["step"] for r in result["steps"]} == {"prefill", "decode"}
+    assert {r["step"] for r in result["steps"]} == {"prefill", "decode", "batch"}
 
 
 def test_recorded_calibration():
@@ -61,14 +62,19 @@ def test_recorded_calibration():
     from sim.bench import _calibration_cases
     cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
     seen = {(r["config"], r["step"]) for r in cal["steps"]}
-    assert seen >= {("tiny", "prefill"), ("tiny", "decode"), ("medium", "prefill"), ("medium", "decode")}
+    assert seen >= {("tiny", "prefill"), ("tiny", "decode"), ("tiny", "batch"), ("medium", "prefill"),
+                    ("medium", "decode")}
     assert cal["calibration_error"] == max(abs(r["error"]) for r in cal["steps"]) <= TOL
-    cases = {name: (cfg, make) for name, cfg, make, _steps in _calibration_cases()}
+    cases = {name: (cfg, make, steps) for name, cfg, make, steps in _calibration_cases()}
     for r in cal["steps"]:
         assert r["error"] == round((r["model_cycles"] - r["rtl_cycles"]) / r["rtl_cycles"], 4)
-        cfg, make = cases[r["case"]]
-        cm = CompiledModel(cfg, Gpt2(make().shape, None))
-        prog = cm.step([1] * r["tokens"], r["position"])
+        cfg, make, steps = cases[r["case"]]
+        streams = max([t for k, t, _ in steps if k == "batch"], default=1)
+        cm = CompiledModel(cfg, Gpt2(make().shape, None), streams=streams)
+        if r["step"] == "batch":
+            prog = cm.step_batch([(1, r["position"] + s, s) for s in range(r["tokens"])])
+        else:
+            prog = cm.step([1] * r["tokens"], r["position"])
         assert perf.simulate(cfg, [prog])["cycles"] == r["model_cycles"], r
 
 

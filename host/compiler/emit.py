@@ -62,12 +62,17 @@ class _Layer:
 @dataclass
 class _LogitsBuffer:
     """One LM head chunk's logits in a VSP buffer: ``rows`` logits from logit ``first`` of the
-    slice, the first ``done`` of them STOREd."""
+    slice for the MATVEC's tokens ``toks`` (step tokens), token j's at ``buf + j stride``
+    and stored from HBM row ``row + j row_stride``, the first ``done[j]`` of them STOREd."""
 
     buf: int
     first: int
     rows: int
-    done: int | list = 0
+    toks: list
+    stride: int
+    row: int
+    row_stride: int
+    done: list
 
 
 class Emitter:
@@ -410,17 +415,12 @@ class Emitter:
         vgrp = min(kv.rbv, ACC_DEPTH // T)         # V tiles in stream order: groups, then columns
         sK = round_up(rbk * L, W)
         HN = H * sK
-        if not self.q16:
-            for t in range(T):
-                self.vec("CVT16", b.x_q + t * dq, b.v_qkv + t * dims.qS + dims.q_off, dq)
+        self._q_to_xb()
         self.kv_ready = st.k_wait if st.k_wait is not None else len(self.out)
         for h in range(H):
             self.matvec((0, rbk, kv.cbk), b.x_q + h * hdp, dq, b.v_sc + h * sK, HN,
                         kv=kv.k_runs(kbase, h, positions), bias=b.v_mask if T == 1 else None)
-        if st.index == 0:
-            o = self.params.offsets[1]
-            self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
-                   f32=1)
+        self._rest_of_layer0_params(st)
         ns = cbv * W
         v_ready = []
         for h in range(H):
@@ -445,6 +445,28 @@ class Emitter:
             self.kv_ready = v_ready[h]
             self.matvec((0, kv.rbv, cbv), b.x_p + h * sK, HN, b.v_att + h * hvp, aS, group=vgrp,
                         kv=kv.v_runs(vbase, h, positions, vgrp), tt=1)
+        self._scale_heads()
+
+    def _q_to_xb(self):
+        """q as fp16 into XB for the K MATVECs, where c_attn's fix-up did not put it there."""
+        b, dims = self.b, self.dims
+        if not self.q16:
+            for t in range(self.T):
+                self.vec("CVT16", b.x_q + t * dims.dq, b.v_qkv + t * dims.qS + dims.q_off, dims.dq)
+
+    def _rest_of_layer0_params(self, st):
+        """Layer 0's parameters after c_attn's bias (``_first_params``), behind the K MATVECs."""
+        if st.index == 0:
+            o = self.params.offsets[1]
+            self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
+                   f32=1)
+
+    def _scale_heads(self):
+        """The softmax's deferred normalization: one RECIP over the heads' outputs from the
+        first sum to the last (the V rows of ones put each head's sum beside its output), then
+        each head's output times its reciprocal, written to XB as c_proj's fp16 input."""
+        b, dims, T = self.b, self.dims, self.T
+        H, hdp, hvp, dq, aS = dims.H, dims.hdp, dims.hvp, dims.dq, dims.aS
         self.vec("RECIP", b.v_zinv + hdp, b.v_att + hdp, (T - 1) * aS + (H - 1) * hvp + 1)
         for h in range(H):
             for t in range(T):
@@ -467,19 +489,14 @@ class Emitter:
         vgrp = min(kv.rbv, ACC_DEPTH)               # (a lone token's V group)
         sK = round_up(max(rbk) * L, W)
         HN = H * sK
-        if not self.q16:
-            for t in range(T):
-                self.vec("CVT16", b.x_q + t * dq, b.v_qkv + t * dims.qS + dims.q_off, dq)
+        self._q_to_xb()
         self.kv_ready = st.k_wait if st.k_wait is not None else len(self.out)
         for h in range(H):
             for t in range(T):
                 self.matvec((0, rbk[t], kv.cbk), b.x_q + t * dq + h * hdp, 0,
                             b.v_sc + t * HN + h * sK, 0, tokens=1,
                             kv=kv.k_runs(caches[t][0], h, positions[t]), bias=self.mask(t))
-        if st.index == 0:
-            o = self.params.offsets[1]
-            self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
-                   f32=1)
+        self._rest_of_layer0_params(st)
         v_ready = []
         for h in range(H):
             for t in range(T):
@@ -495,12 +512,7 @@ class Emitter:
                 self.matvec((0, kv.rbv, cbv[t]), b.x_p + t * HN + h * sK, 0, b.v_att + t * aS + h * hvp,
                             0, group=vgrp, tokens=1, tt=1,
                             kv=kv.v_runs(caches[t][1], h, positions[t], vgrp))
-        self.vec("RECIP", b.v_zinv + hdp, b.v_att + hdp, (T - 1) * aS + (H - 1) * hvp + 1)
-        for h in range(H):
-            for t in range(T):
-                a = b.v_att + t * aS + h * hvp
-                self.vec("MUL", a, a, hdp, src2=b.v_zinv + t * aS + h * hvp + hdp, bcast=1,
-                         xdst=b.x_att + t * dq + h * hdp)
+        self._scale_heads()
 
     def mlp(self, st):
         """LayerNorm, c_fc with GELU, mlp.c_proj. mlp.c_proj in two parts by columns where the
@@ -607,7 +619,7 @@ class Emitter:
         logits. With all_logits every token's logits, in one buffer; else (generation) the
         last token's, by chunks of the Placement's two buffers: one chunk's logits are
         STOREd while the next computes."""
-        b, T, L, rows, dims = self.b, self.T, self.LW, self.hbm, self.dims
+        b, T, rows, dims = self.b, self.T, self.hbm, self.dims
         head = rows.head
         if self.batch is not None:
             self.lm_head_batch()
@@ -617,75 +629,56 @@ class Emitter:
             self.ln_matvec(head, b.v_logits, dims.vS, b.v_hbias, lambda j, r, n: None)
             self.store_f32(b.v_logits, T * dims.vS, rows.logits_row)
             return
-        per, per_row = b.chunk // L, self.S // 4            # LM head row blocks per buffer
-        chunks = [(r0, min(per, head.rb - r0)) for r0 in range(0, head.rb, per)]
-        for k, (r0, n) in enumerate(chunks):
-            hb = b.v_hbias[k % 2]
-            out = _LogitsBuffer(b.v_logits[k % 2], r0 * L, n * L)
-            self.e("LOAD", vsp=hb, n=n * L, row=rows.head_bias_row + r0 * L // per_row, f32=1)
-            m = (self._block_row(head.row, r0, head.cb, self.i8), n, head.cb)
-            tail = k == len(chunks) - 1         # (what the last job's work costs shows)
-            if k == 0:
-                self.ln_matvec(m, out.buf, 0, hb, partial(self._store_logits, out), toks=[T - 1],
-                               short_tail=tail)
-            else:      # (the statistics are done: the fix-up alone)
-                self.matvec(m, self.xa, 0, out.buf, 0, tokens=1,
-                            then=partial(self._fix_store_logits, out, hb), short_tail=tail)
+        self._head_chunks(b.v_logits, b.v_hbias, b.chunk, [T - 1], 0, rows.logits_row, 0)
 
     def lm_head_batch(self):
         """A decode batch's LM head: every token's logits (``lm_head``'s chunks, each MATVEC
         taking every token; the logits of a chunk in the scores' and c_fc's buffers, dead by
         now, a token's after another's), token j's stored at the batch's logits row j."""
-        b, T, L, rows, dims, P = self.b, self.T, self.LW, self.hbm, self.dims, self.P
-        head = rows.head
-        per_row = self.S // 4
-        unit = int(np.lcm(L * GROUP, per_row))
+        b, T, L, dims = self.b, self.T, self.LW, self.dims
+        unit = int(np.lcm(L * GROUP, self.S // 4))
         room = min(b.T * dims.H * dims.nS, b.T * dims.fS) // T     # words a token in each buffer
         hbias = b.v_hbias if isinstance(b.v_hbias, tuple) else (b.v_hbias,) * 2
         chunk = min(b.chunk or round_up(dims.vS, unit), room // unit * unit, round_up(dims.vS, unit))
         if chunk == 0:
             raise UserError(f"model: the LM head's logits of {T} streams do not fit in the "
                             f"buffers they share; allowed: fewer streams")
-        stride = round_up(chunk, P)
-        per = chunk // L
+        self._head_chunks((b.v_sc, b.v_h), hbias, chunk, list(range(T)), round_up(chunk, self.P),
+                          self.hbm.batch_logits_row, self.hbm.logits_rows)
+
+    def _head_chunks(self, bufs, hbias, chunk, toks, stride, row, row_stride):
+        """The LM head by chunks of ``chunk`` logits, chunk k's in ``bufs[k % 2]`` with its bias
+        in ``hbias[k % 2]``, for step tokens ``toks`` (_LogitsBuffer: ``stride``, ``row``,
+        ``row_stride``): the first chunk's MATVEC with the LayerNorm (ln_matvec), the others'
+        with its fix-up alone; each finished chunk's logits stored while the next computes."""
+        L, rows = self.LW, self.hbm
+        head, per_row = rows.head, self.S // 4
+        per = chunk // L                                  # LM head row blocks per buffer
         chunks = [(r0, min(per, head.rb - r0)) for r0 in range(0, head.rb, per)]
         for k, (r0, n) in enumerate(chunks):
             hb = hbias[k % 2]
-            out = _LogitsBuffer((b.v_sc, b.v_h)[k % 2], r0 * L, n * L, done=[0] * T)
+            out = _LogitsBuffer(bufs[k % 2], r0 * L, n * L, toks, stride, row, row_stride, [0] * len(toks))
             self.e("LOAD", vsp=hb, n=n * L, row=rows.head_bias_row + r0 * L // per_row, f32=1)
             m = (self._block_row(head.row, r0, head.cb, self.i8), n, head.cb)
-            tail = k == len(chunks) - 1
-            store = partial(self._store_batch_logits, out, stride)
+            tail = k == len(chunks) - 1         # (what the last job's work costs shows)
             if k == 0:
-                self.ln_matvec(m, out.buf, stride, hb, store, short_tail=tail)
-            else:
-                self.matvec(m, self.xa, dims.dS, out.buf, stride,
-                            then=partial(self._fix_store_batch_logits, out, hb, stride), short_tail=tail)
-
-    def _store_batch_logits(self, out, stride, j, r, rows):
-        """``_store_logits`` for token j of a batch (its logits at stride ``stride``)."""
-        per_row = self.S // 4
-        end = r + rows if r + rows == out.rows else (r + rows) // per_row * per_row
-        if end > out.done[j]:
-            self.store_f32(out.buf + j * stride + out.done[j], end - out.done[j],
-                           self.hbm.batch_logits_row + j * self.hbm.logits_rows
-                           + (out.first + out.done[j]) // per_row)
-            out.done[j] = end
-
-    def _fix_store_batch_logits(self, out, hb, stride, j, r, rows):
-        self.ln_fixup(j, out.buf + j * stride + r, rows, hb + r)
-        self._store_batch_logits(out, stride, j, r, rows)
+                self.ln_matvec(m, out.buf, stride, hb, partial(self._store_logits, out), toks=toks,
+                               short_tail=tail)
+            else:      # (the statistics are done: the fix-up alone)
+                self.matvec(m, self.xa, self.dims.dS, out.buf, stride, tokens=len(toks),
+                            then=partial(self._fix_store_logits, out, hb), short_tail=tail)
 
     def _store_logits(self, out, j, r, rows):
-        """Each MATVEC chunk's logits go out while the next chunk computes, in whole stripe
-        rows (the buffer's rest at its end)."""
+        """Each MATVEC chunk's logits (of its token j) go out while the next chunk computes,
+        in whole stripe rows (the buffer's rest at its end)."""
         per_row = self.S // 4
         end = r + rows if r + rows == out.rows else (r + rows) // per_row * per_row
-        if end > out.done:
-            self.store_f32(out.buf + out.done, end - out.done,
-                           self.hbm.logits_row + (out.first + out.done) // per_row)
-            out.done = end
+        done = out.done[j]
+        if end > done:
+            self.store_f32(out.buf + j * out.stride + done, end - done,
+                           out.row + j * out.row_stride + (out.first + done) // per_row)
+            out.done[j] = end
 
     def _fix_store_logits(self, out, hb, j, r, rows):
-        self.ln_fixup(self.T - 1, out.buf + r, rows, hb + r)
+        self.ln_fixup(out.toks[j], out.buf + j * out.stride + r, rows, hb + r)
         self._store_logits(out, j, r, rows)

@@ -440,18 +440,21 @@ class Appliance:
         finally:
             if own:
                 p.close()
-        stats = {"backend": self.backend, "config": self.config.name, **gen.stats.summary(self.config)}
-        stats["cycle_figures"] = ("measured by the cards' cycle counters" if gen.stats.cycles_measured
-                                  else "not measured: the ISS counts bytes, not cycles")
+        stats = self._stats(gen, "")
         results = [Result(prompt_ids=list(i), tokens=list(t), text=self.decode(t), stats=stats,
-                          logits=None if gen.logits[k] is None else gen.logits[k])
-                   for k, (i, t) in enumerate(zip(ids, gen.tokens, strict=True))]
+                          logits=lg) for i, t, lg in zip(ids, gen.tokens, gen.logits, strict=True)]
         return BatchResult(streams=results, stats=stats)
 
-    def _result(self, gen, prompt_ids):
+    def _stats(self, gen, modelled_note):
+        """A generation's figures (gen.stats.summary), with the backend, config and where the
+        cycle figures come from (``modelled_note`` after the ISS's)."""
         stats = {"backend": self.backend, "config": self.config.name, **gen.stats.summary(self.config)}
         stats["cycle_figures"] = ("measured by the cards' cycle counters" if gen.stats.cycles_measured
-                                  else "not measured: the ISS counts bytes, not cycles (see modelled_*)")
+                                  else "not measured: the ISS counts bytes, not cycles" + modelled_note)
+        return stats
+
+    def _result(self, gen, prompt_ids):
+        stats = self._stats(gen, " (see modelled_*)")
         stats.update(_modelled(self.config, self.shape, self.cards, len(prompt_ids), len(gen.tokens)))
         return Result(prompt_ids=list(prompt_ids), tokens=list(gen.tokens),
                       text=self.decode(gen.tokens), stats=stats, logits=gen.logits)

@@ -163,6 +163,14 @@ class Cards:
         cards (cycles: the slowest card's)."""
         return self._run([cm.step(tokens, pos0, stream) for cm in self.cms], pos0, timeout_s)
 
+    def prefill(self, ids, timeout_s, stats, progress, what, stream=0):
+        """A prompt's prefill in steps of T tokens (stream ``stream``), each step's counters
+        appended to ``stats.prefill_steps``, ``progress`` told each step (``what``)."""
+        for p in range(0, len(ids), self.T):
+            progress.note(f"{what}, positions {p}..{min(p + self.T, len(ids)) - 1} of {len(ids)}")
+            stats.prefill_steps.append(self.step(ids[p:p + self.T], p, timeout_s, stream=stream))
+            progress.advance()
+
     def step_batch(self, batch, timeout_s):
         """One decode step of several streams, ``batch`` = [(token, position, stream)]
         (CompiledModel.step_batch); the counters as ``step``'s."""
@@ -304,10 +312,7 @@ class Generation:
         pr.note("loading the HBM images")
         cards.load()
         t0 = time.monotonic()
-        for p in range(0, len(ids), cards.T):
-            pr.note(f"prefill, positions {p}..{min(p + cards.T, len(ids)) - 1} of {len(ids)}")
-            stats.prefill_steps.append(cards.step(ids[p:p + cards.T], p, self.timeout_s))
-            pr.advance()
+        cards.prefill(ids, self.timeout_s, stats, pr, "prefill")
         stats.wall_prefill = time.monotonic() - t0
         logits = cards.logits()
         all_logits = []
@@ -383,10 +388,7 @@ class BatchGeneration:
         t0 = time.monotonic()
         logits = []
         for s, ids in enumerate(self.prompts):
-            for p in range(0, len(ids), cards.T):
-                pr.note(f"prefill of prompt {s + 1}, positions {p}..{min(p + cards.T, len(ids)) - 1}")
-                stats.prefill_steps.append(cards.step(ids[p:p + cards.T], p, self.timeout_s, stream=s))
-                pr.advance()
+            cards.prefill(ids, self.timeout_s, stats, pr, f"prefill of prompt {s + 1}", stream=s)
             logits.append(cards.logits())
         stats.wall_prefill = time.monotonic() - t0
         pos = [len(ids) for ids in self.prompts]

@@ -10,7 +10,8 @@ import numpy as np
 
 from hw.isa import ACC_DEPTH, encode
 
-__all__ = ["Layout", "ProgramGen", "random_hbm"]
+__all__ = ["Layout", "ProgramGen", "random_hbm", "write_image", "snapshot", "compare_runs",
+           "covered", "random_programs"]
 
 
 class Layout:
@@ -21,6 +22,11 @@ class Layout:
         self.S = cfg.stripe_bytes
         self.data_rows = (0, 64)          # random fp16 vectors for LOAD
         self.tile_rows = (64, 320)        # random weight tiles for WLOAD
+        # int8 builds: int8 tiles (random bytes, uniform) and rows of scale exponents near
+        # 2^0 (with a few extremes) for MATVEC.i8
+        self.int8 = cfg.core.weight_dtype == "int8"
+        self.i8_rows = (192, 320)
+        self.scale_rows = (320, 352)
         self.out_rows = (512, 768)        # STORE targets
         vsp_bytes = cfg.core.vsp_words * 4
         self.dump_row = 1024              # the final raw VSP dump
@@ -33,15 +39,104 @@ def _ceil(a, b):
 
 
 def random_hbm(cfg, rng, layout):
-    """Random fp16 contents for the data and tile rows (mostly moderate values, some specials)."""
-    rows = layout.tile_rows[1]
+    """Random fp16 contents for the data and tile rows (mostly moderate values, some specials);
+    with int8, int8 tiles and scale rows in theirs (``Layout``)."""
+    rows = layout.scale_rows[1] if layout.int8 else layout.tile_rows[1]
     n = rows * layout.S // 2
     vals = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 2, n))).astype(np.float16)
     bits = vals.view(np.uint16).copy()
     special = rng.random(n) < 0.002
     bits[special] = rng.choice(np.array([0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x0001, 0x03FF,
                                          0x7BFF], np.uint16), special.sum())
+    if layout.int8:
+        b = bits.view(np.uint8)
+        S = layout.S
+        lo, hi = (r * S for r in layout.i8_rows)
+        q = rng.integers(-128, 128, hi - lo).astype(np.int8)
+        q[rng.random(hi - lo) < 0.05] = 0
+        q[rng.random(hi - lo) < 0.01] = -128
+        b[lo:hi] = q.view(np.uint8)
+        lo, hi = (r * S for r in layout.scale_rows)
+        e = rng.integers(110, 141, hi - lo).astype(np.uint8)
+        ext = rng.random(hi - lo) < 0.01
+        e[ext] = rng.choice(np.array([0, 1, 254, 255], np.uint8), ext.sum())
+        b[lo:hi] = e
     return bits
+
+
+def write_image(cfg, lay, img, devs):
+    """The random programs' HBM image ``img`` into every device, their output rows cleared."""
+    from host.stripes import write_stripes
+    for d in devs:
+        write_stripes(d, cfg, 0, img)
+        write_stripes(d, cfg, lay.out_rows[0], np.zeros((lay.out_rows[1] - lay.out_rows[0]) * lay.S,
+                                                        np.uint8))
+        write_stripes(d, cfg, lay.dump_row, np.zeros(lay.dump_rows * lay.S, np.uint8))
+
+
+def snapshot(dev, cfg, lay):
+    """What a random program leaves: its STOREs' rows and the VSP dump."""
+    from host.stripes import read_stripes
+    return np.concatenate([read_stripes(dev, cfg, lay.out_rows[0], lay.out_rows[1] - lay.out_rows[0]),
+                           read_stripes(dev, cfg, lay.dump_row, lay.dump_rows)])
+
+
+def compare_runs(cfg, lay, iss, rtl, prog, prog_addr=None):
+    """Run ``prog`` on the ISS and on the card: the same status, counters and HBM outputs
+    (AssertionError naming the first difference); returns the card's figures."""
+    res = []
+    for d in (iss, rtl):
+        c = d.run(prog, lay.prog_addr if prog_addr is None else prog_addr, timeout_s=120)
+        res.append((c, snapshot(d, cfg, lay)))
+    (ci, si), (cr, sr) = res
+    assert ci["status"] == cr["status"], f"status: iss {ci['status']:#x}, rtl {cr['status']:#x}"
+    for k in ("hbm_rd_bytes", "hbm_wr_bytes", "insns"):
+        assert ci[k] == cr[k], f"counter {k}: iss {ci[k]}, rtl {cr[k]}"
+    diff = np.nonzero(si != sr)[0]
+    assert len(diff) == 0, f"{len(diff)} HBM bytes differ, first at {diff[:8]}"
+    return cr
+
+
+def covered(prog):
+    """What a program exercises: each opcode, VEC.<vop>, MATVEC.btok (a bias per token over
+    several tokens), MATVEC.i8 (int8 tiles), MATVEC.i8.btok and MATVEC.i8.tokens (over
+    several tokens)."""
+    from hw.isa import decode
+    out = set()
+    for w in prog:
+        d = decode(w)
+        out.add(d.op + (f".{d.vop}" if d.op == "VEC" else ""))
+        if d.op != "MATVEC":
+            continue
+        multi, btok = d.tokens > 1, d.btok and d.bias_en and d.tokens > 1
+        if btok:
+            out.add("MATVEC.btok")
+        if d.i8:
+            out |= {"MATVEC.i8"} | ({"MATVEC.i8.btok"} if btok else set()) | (
+                {"MATVEC.i8.tokens"} if multi else set())
+    return out
+
+
+def random_programs(cfg, rtl, seed, n):
+    """``n`` random valid programs on a new ISS and on the card ``rtl`` (from a new random
+    image), each compared (``compare_runs``; AssertionError naming the program and the seed),
+    each ending with status OK; returns what they covered (``covered``)."""
+    from sim.ref.iss import IssDevice
+    lay = Layout(cfg)
+    rng = np.random.default_rng(seed)
+    iss = IssDevice(cfg)
+    write_image(cfg, lay, random_hbm(cfg, rng, lay), (iss, rtl))
+    gen = ProgramGen(cfg, rng, lay)
+    ops = set()
+    for k in range(n):
+        prog = gen.program(int(rng.integers(5, 40)))
+        ops |= covered(prog)
+        try:
+            c = compare_runs(cfg, lay, iss, rtl, prog)
+        except AssertionError as e:
+            raise AssertionError(f"program {k} (seed {seed}): {e}") from None
+        assert c["status"] & 0xFF == 0, f"program {k} (seed {seed}): status {c['status']:#x}"
+    return ops
 
 
 class ProgramGen:
@@ -119,9 +214,12 @@ class ProgramGen:
     def matvec(self):
         r = self.rng
         L, W, P = self.L, self.W, self.P
+        i8 = self.lay.int8 and r.random() < 0.5     # int8 tiles: 2 L rows a row block
+        if i8:
+            L = 2 * L
         rb, cb = int(r.integers(1, 7)), int(r.integers(1, 5))
         T = int(r.choice([1, 1, 1, 2, 3, 8]))
-        group = int(r.integers(1, min(8, ACC_DEPTH // T) + 1))
+        group = int(r.integers(1, min(8, ACC_DEPTH // T, self.S // L if i8 else 8) + 1))
         xstride = W * int(r.integers(cb, cb + 3)) if T > 1 else 0
         xspan = (T - 1) * xstride + cb * W
         xb = self._aligned(xspan, W, self.XW)
@@ -129,7 +227,8 @@ class ProgramGen:
         dspan = (T - 1) * dstride + rb * L
         dst = self._aligned(dspan, P, self.vlimit)
         f = {"xb": xb, "dst": dst, "rb": rb, "cb": cb, "group": group, "tokens": T,
-             "xstride": xstride, "dstride": dstride, "tt": int(r.random() < 0.3)}
+             "xstride": xstride, "dstride": dstride, "tt": int(not i8 and r.random() < 0.3),
+             "i8": int(i8)}
         if r.random() < 0.5:
             btok = T > 1 and r.random() < 0.4      # a bias per token, at the output's stride
             if (T == 1 or btok) and r.random() < 0.3:
@@ -142,6 +241,17 @@ class ProgramGen:
             f["bias_en"], f["btok"] = 1, int(btok)
         tiles = rb * cb
         out = []
+        if i8:
+            # each group: its row of scales, then its tiles (int8 rows, or now and then
+            # any bytes of the fp16 rows)
+            for g0 in range(0, rb, group):
+                n = min(group, rb - g0) * cb
+                row = int(r.integers(*self.lay.scale_rows))
+                out.append(encode("WLOAD", row=row, tiles=1))
+                lo, hi = self.lay.i8_rows if r.random() < 0.8 else self.lay.tile_rows
+                row = int(r.integers(lo, hi - n + 1))
+                out.append(encode("WLOAD", row=row, tiles=n))
+            tiles = 0
         # Stream the tiles in one or two WLOADs; vector work may sit between them and the MATVEC.
         first = int(r.integers(1, tiles + 1)) if tiles > 1 and r.random() < 0.3 else tiles
         for count in (first, tiles - first):

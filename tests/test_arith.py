@@ -7,9 +7,12 @@ every output value and that it appears exactly LATENCY cycles after its input.
 
 import numpy as np
 import pytest
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
 from hw.arith import SPECIALS, UNITS, AdderTree
-from hw.arith.dot import Fp16Dot, I8Dot
+from hw.arith.dot import DotArray, Fp16Dot, I8Dot
 from hw.arith.units import Fp32Max
 from sim.cocotb_run import ROOT, run_cocotb
 from sim.harness import UnitArray
@@ -26,6 +29,24 @@ class _I8DotABC(I8Dot):
     c = property(lambda self: self.e)
 
 
+class _DotPair(wiring.Component):
+    """The matrix unit's DotArray in an int8 build, one lane of two products (a token's two
+    rows in int8 mode), its mode chosen step by step: a the tile, b the two blocks, c the
+    two rows' scale exponents and the mode bit (sim.ref.vectors.dot_pair)."""
+
+    def __init__(self, width):
+        self.width = width
+        self.LATENCY = DotArray.latency(width)
+        super().__init__({"a": In(16 * width), "b": In(32 * width), "c": In(24), "o": Out(64)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.arr = arr = DotArray(lanes=1, width=self.width, reuse=2, int8=True)
+        m.d.comb += [arr.w.eq(self.a), arr.x.eq(self.b), arr.e8.eq(self.c[0:16]),
+                     arr.i8.eq(self.c[16]), self.o.eq(arr.o)]
+        return m
+
+
 # name -> (factory, latency, input widths, output width, lanes)
 CASES = {name: (cls, cls.LATENCY, ins, out, 16) for name, (cls, ins, out) in UNITS.items()}
 CASES["fp32_min"] = (lambda: Fp32Max(minimum=True), Fp32Max.LATENCY, (32, 32), 32, 16)
@@ -38,6 +59,8 @@ for _w in (16, 64):
     CASES[f"bfp_dot_{_w}"] = ((lambda w=_w: Fp16Dot(w)), Fp16Dot.latency(_w), (16 * _w, 16 * _w), 32, 2)
     # its int8 rows: int8 weights, fp16 activations, the row's scale exponent
     CASES[f"i8_dot_{_w}"] = ((lambda w=_w: _I8DotABC(w)), I8Dot.latency(_w), (8 * _w, 16 * _w, 8), 32, 2)
+# the array of an int8 build, switching between fp16 and int8 tiles step by step
+CASES["dot_pair_16"] = ((lambda: _DotPair(16)), DotArray.latency(16), (16 * 16, 32 * 16, 24), 64, 2)
 
 
 def run_unit(name, seed, n_random):

@@ -4,9 +4,8 @@ random programs again on a card whose HBM model stalls at random (the same resul
 import numpy as np
 import pytest
 
-from host.stripes import read_stripes, write_stripes
 from hw.isa import ERROR_CODES, encode
-from sim.progs import Layout, ProgramGen, random_hbm
+from sim.progs import Layout, ProgramGen, compare_runs, random_hbm, random_programs, snapshot, write_image
 from sim.ref.iss import IssDevice
 
 N_PROGRAMS = 200
@@ -20,36 +19,12 @@ def rtl_card(cfg_path):
     return cfg, RtlDevice(cfg)
 
 
-def _snapshot(dev, cfg, lay):
-    return np.concatenate([read_stripes(dev, cfg, lay.out_rows[0], lay.out_rows[1] - lay.out_rows[0]),
-                           read_stripes(dev, cfg, lay.dump_row, lay.dump_rows)])
-
-
-def _compare(cfg, lay, iss, rtl, prog, prog_addr=None):
-    res = []
-    for d in (iss, rtl):
-        c = d.run(prog, lay.prog_addr if prog_addr is None else prog_addr, timeout_s=120)
-        res.append((c, _snapshot(d, cfg, lay)))
-    (ci, si), (cr, sr) = res
-    assert ci["status"] == cr["status"], f"status: iss {ci['status']:#x}, rtl {cr['status']:#x}"
-    for k in ("hbm_rd_bytes", "hbm_wr_bytes", "insns"):
-        assert ci[k] == cr[k], f"counter {k}: iss {ci[k]}, rtl {cr[k]}"
-    diff = np.nonzero(si != sr)[0]
-    assert len(diff) == 0, f"{len(diff)} HBM bytes differ, first at {diff[:8]}"
-    return cr
-
-
 def _pair(rtl_card, seed):
     cfg, rtl = rtl_card
     lay = Layout(cfg)
     rng = np.random.default_rng(seed)
     iss = IssDevice(cfg)
-    img = random_hbm(cfg, rng, lay)
-    for d in (iss, rtl):
-        write_stripes(d, cfg, 0, img)
-        out_bytes = (lay.out_rows[1] - lay.out_rows[0]) * lay.S
-        write_stripes(d, cfg, lay.out_rows[0], np.zeros(out_bytes, np.uint8))
-        write_stripes(d, cfg, lay.dump_row, np.zeros(lay.dump_rows * lay.S, np.uint8))
+    write_image(cfg, lay, random_hbm(cfg, rng, lay), (iss, rtl))
     return cfg, lay, rng, iss, rtl
 
 
@@ -57,24 +32,13 @@ def _pair(rtl_card, seed):
 def test_random_programs(rtl_card, seed):
     """Hundreds of random valid programs (every instruction type, random fields and HBM data):
     RTL and ISS end with the same status, counters and HBM images. The VSP is compared too:
-    every program ends by storing it as raw fp32."""
-    cfg, lay, rng, iss, rtl = _pair(rtl_card, seed)
-    gen = ProgramGen(cfg, rng, lay)
-    ops = set()
-    for k in range(N_PROGRAMS):
-        prog = gen.program(int(rng.integers(5, 40)))
-        from hw.isa import decode
-        ops |= {decode(w).op + (f".{decode(w).vop}" if decode(w).op == "VEC" else "") for w in prog}
-        ops |= {"MATVEC.btok" for w in prog if decode(w).op == "MATVEC"
-                and decode(w).btok and decode(w).bias_en and decode(w).tokens > 1}
-        try:
-            c = _compare(cfg, lay, iss, rtl, prog)
-        except AssertionError as e:
-            raise AssertionError(f"program {k} (seed {seed}): {e}") from None
-        assert c["status"] & 0xFF == 0
+    every program ends by storing it as raw fp32. (An int8 build's: tests/test_int8.py.)"""
+    ops = random_programs(*rtl_card, seed, N_PROGRAMS)
     from hw.isa import OPCODES, VOPS
     expected = ({o for o in OPCODES if o not in ("VEC", "COLL")} | {f"VEC.{c}" for c, _, _ in VOPS.values()}
                 | {"MATVEC.btok"})
+    if rtl_card[0].core.weight_dtype == "int8":
+        expected |= {"MATVEC.i8", "MATVEC.i8.btok", "MATVEC.i8.tokens"}
     assert expected <= ops, f"not covered: {expected - ops}"
 
 
@@ -92,12 +56,12 @@ def _stalled_run(cfg, stalls, seed, n, label):
     for k in range(n):
         prog = gen.program(int(rng.integers(5, 40)))
         try:
-            c = _compare(cfg, lay, iss, rtl, prog)
+            c = compare_runs(cfg, lay, iss, rtl, prog)
             s = stalled.run(prog, lay.prog_addr, timeout_s=120)
             assert s["status"] == c["status"], f"status: stalled {s['status']:#x}, unstalled {c['status']:#x}"
             for key in ("hbm_rd_bytes", "hbm_wr_bytes", "insns"):
                 assert s[key] == c[key], f"counter {key}: stalled {s[key]}, unstalled {c[key]}"
-            diff = np.nonzero(_snapshot(stalled, cfg, lay) != _snapshot(rtl, cfg, lay))[0]
+            diff = np.nonzero(snapshot(stalled, cfg, lay) != snapshot(rtl, cfg, lay))[0]
             assert len(diff) == 0, f"stalled: {len(diff)} HBM bytes differ, first at {diff[:8]}"
         except AssertionError as e:
             raise AssertionError(f"program {k} (seed {seed}, {label}): {e}") from None
@@ -189,10 +153,10 @@ def test_error_stops(rtl_card, case):
     the instructions before it are there, in RTL and ISS alike."""
     cfg, lay, rng, iss, rtl = _pair(rtl_card, 1)
     prog, name, pc = error_cases(cfg)[case]
-    c = _compare(cfg, lay, iss, rtl, prog)
+    c = compare_runs(cfg, lay, iss, rtl, prog)
     assert c["status"] == (pc << 8 | _err(name)), f"{case}: status {c['status']:#x}"
     # The card is usable again afterwards.
-    c = _compare(cfg, lay, iss, rtl, [encode("LOAD", vsp=0, n=8, row=0), encode("HALT")])
+    c = compare_runs(cfg, lay, iss, rtl, [encode("LOAD", vsp=0, n=8, row=0), encode("HALT")])
     assert c["status"] == 1 << 8
 
 
@@ -200,7 +164,7 @@ def test_error_stops(rtl_card, case):
 def test_program_address_errors(rtl_card):
     """A misaligned program address, and a program that runs past the end of channel 0."""
     cfg, lay, rng, iss, rtl = _pair(rtl_card, 1)
-    c = _compare(cfg, lay, iss, rtl, [encode("HALT")], prog_addr=lay.prog_addr + 8)
+    c = compare_runs(cfg, lay, iss, rtl, [encode("HALT")], prog_addr=lay.prog_addr + 8)
     assert c["status"] == _err("ALIGN")
     end = (cfg.hbm.channel_mbytes << 20) - 32
     for d in (iss, rtl):

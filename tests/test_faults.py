@@ -32,7 +32,7 @@ from host.stripes import read_stripes, write_stripes
 from hw import regs
 from hw.dma.reader import burst_block
 from hw.isa import ERROR_CODES, FORMAT_BY_NAME, decode, encode
-from sim.progs import Layout, ProgramGen, random_hbm
+from sim.progs import Layout, ProgramGen, random_hbm, snapshot, write_image
 from sim.ref.dma import split_bursts
 from sim.ref.iss import IssDevice
 from sim.ref.ring import IssRing
@@ -145,17 +145,7 @@ def _store(cfg, vsp, n, row):
 # -- the correct run after the fault -----------------------------------------------------------
 def _image(cfg, lay, devs, seed):
     """The random programs' HBM image into every device, their output rows cleared."""
-    img = random_hbm(cfg, np.random.default_rng(seed), lay)
-    for d in devs:
-        write_stripes(d, cfg, 0, img)
-        write_stripes(d, cfg, lay.out_rows[0], np.zeros((lay.out_rows[1] - lay.out_rows[0]) * lay.S,
-                                                        np.uint8))
-        write_stripes(d, cfg, lay.dump_row, np.zeros(lay.dump_rows * lay.S, np.uint8))
-
-
-def _snapshot(dev, cfg, lay):
-    return np.concatenate([read_stripes(dev, cfg, lay.out_rows[0], lay.out_rows[1] - lay.out_rows[0]),
-                           read_stripes(dev, cfg, lay.dump_row, lay.dump_rows)])
+    write_image(cfg, lay, random_hbm(cfg, np.random.default_rng(seed), lay), devs)
 
 
 def rerun_matches_iss(cfg, app, seed, card=0):
@@ -174,7 +164,7 @@ def rerun_matches_iss(cfg, app, seed, card=0):
     assert cr["status"] == ci["status"] == (len(prog) - 1) << 8, (cr["status"], ci["status"])
     for k in ("hbm_rd_bytes", "hbm_wr_bytes", "insns"):
         assert cr[k] == ci[k], (k, cr[k], ci[k])
-    diff = np.flatnonzero(_snapshot(dev, cfg, lay) != _snapshot(iss, cfg, lay))
+    diff = np.flatnonzero(snapshot(dev, cfg, lay) != snapshot(iss, cfg, lay))
     assert diff.size == 0, f"{diff.size} bytes differ after the fault, first at {diff[:8]}"
     _clean_stop(app, card)
 
@@ -306,7 +296,7 @@ def test_corrupted_instruction_word(cfg, lib, case):
         assert want == _st("OK", 6)
     else:
         assert want & 0xFF and want >> 8 == pc, hex(want)
-    assert np.array_equal(_snapshot(app.devices[0], cfg, lay), _snapshot(iss, cfg, lay))
+    assert np.array_equal(snapshot(app.devices[0], cfg, lay), snapshot(iss, cfg, lay))
     assert app.port_state(0, "insn")["beats_flipped"] == 1
     _clean_stop(app)
     app.clear_faults()
@@ -615,7 +605,7 @@ def test_fault_campaign_soak(cfg, lib, seed):
                 assert got & 0xFF == E["AXI_ERROR"] and decode(prog[got >> 8]).op == "STORE", f"{got:#x}"
             else:
                 assert got == ref, f"status {got:#x}, ISS {ref:#x}"
-                diff = np.flatnonzero(_snapshot(dev, cfg, lay) != _snapshot(iss, cfg, lay))
+                diff = np.flatnonzero(snapshot(dev, cfg, lay) != snapshot(iss, cfg, lay))
                 assert diff.size == 0, f"{diff.size} bytes differ from the ISS's, first at {diff[:8]}"
             _clean_stop(app)
             app.clear_faults()

@@ -1,9 +1,8 @@
 """int8 weights (core.weight_dtype int8, MATVEC.i8): the quantization, the reference dot
 product, the ISS's MATVEC, the compiler's stream of tiles and scales, the whole model against
-float64, and what the card's RTL refuses until its matrix unit computes with int8.
-
-The RTL side is not built yet: the card refuses an int8 config (one line) and its decoder
-answers MATVEC.i8 with BAD_FIELD, as the ISS does on an fp16 build.
+float64, and the card's RTL: random programs with int8 MATVECs and the demo model on 1 and 2
+Verilated tiny-int8 cards, bit for bit against the ISS. (The array's int8 mode alone:
+tests/test_arith.py, dot_pair_16.)
 """
 
 import subprocess
@@ -305,7 +304,7 @@ def test_iss_int8_against_float64(demo, cards):
     assert err < INT8_LOGIT_TOL
 
 
-# -- what the card refuses -----------------------------------------------------------------
+# -- what the config refuses ---------------------------------------------------------------
 
 def test_int8_needs_reuse_two():
     cfg = load_config(TINY8)
@@ -313,18 +312,56 @@ def test_int8_needs_reuse_two():
         cfg.replace(**{"core.reuse": 1})
 
 
-def test_card_rtl_refuses_int8():
-    from hw.core.card import Card
-    with pytest.raises(ConfigError, match="core.weight_dtype: got 'int8'; allowed for the card's RTL"):
-        Card(load_config(TINY8))
+# -- the card's RTL -------------------------------------------------------------------------
+
+N_RTL_PROGRAMS = 60
 
 
-def test_cli_emit_int8_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "host.cli", "emit", "--config", str(TINY8), "-o",
-                        str(tmp_path / "out")], capture_output=True, text=True, cwd=ROOT)
-    lines = [x for x in p.stderr.splitlines() if x.startswith("gptfpga:")]
-    assert p.returncode == 2 and len(lines) == 1 and "core.weight_dtype" in lines[0], p.stderr
-    assert "Traceback" not in p.stderr
+@pytest.mark.rtl
+def test_random_programs_rtl(seed):
+    """Random valid programs on a Verilated tiny-int8 card, half of their MATVECs int8 (random
+    int8 tiles and scale rows near 2^0 with a few extremes, several groups, several tokens, a
+    bias shared or per token, mixed with fp16 MATVECs): status, counters, HBM outputs and the
+    VSP bit for bit against the ISS (tests/test_core.py runs them on an fp16 card; the soak
+    runs hundreds here)."""
+    from sim.progs import random_programs
+    from sim.system import RtlDevice
+    cfg = load_config(TINY8)
+    ops = random_programs(cfg, RtlDevice(cfg), seed, N_RTL_PROGRAMS)
+    want = {"MATVEC.i8", "MATVEC.i8.btok", "MATVEC.i8.tokens", "MATVEC.btok", "WLOAD"}
+    assert want <= ops, f"not covered: {want - ops}"
+
+
+@pytest.mark.soak
+def test_random_programs_rtl_soak(seed):
+    from sim.progs import random_programs
+    from sim.system import RtlDevice
+    cfg = load_config(TINY8)
+    random_programs(cfg, RtlDevice(cfg), seed + 1, 1000)
+
+
+def _int8_rtl_vs_iss(demo, cards, steps):
+    from host.runtime import generate, make_cards
+    model, tok = demo
+    cfg = load_config(TINY8).replace(cards=cards)
+    ids = tok.encode(PROMPT)
+    runs = [generate(cfg, make_cards(cfg, model, b, cards), None, ids, steps, keep_logits=True)
+            for b in ("iss", "rtl")]
+    (t0, l0, s0), (t1, l1, s1) = runs
+    assert t0 == t1
+    assert np.array_equal(l0.view(np.uint32), l1.view(np.uint32))
+    f0, f1 = s0.summary(cfg), s1.summary(cfg)
+    assert f1["hbm_bytes_per_token"] == f0["hbm_bytes_per_token"] > 0
+    print(f"int8, {cards} RTL card(s): {f1['prefill_cycles_per_token']} prefill and "
+          f"{f1['decode_cycles_per_token']} decode cycles per token")
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("cards", [1, 2])
+def test_demo_int8_rtl_matches_iss(demo, cards):
+    """The demo model with int8 weights on 1 and 2 Verilated tiny-int8 cards: the same tokens
+    and bit-identical logits as the ISS, the same HBM traffic."""
+    _int8_rtl_vs_iss(demo, cards, 6)
 
 
 def test_cli_int8_refuses_non_finite_checkpoint(tmp_path):

@@ -305,20 +305,38 @@ class DotArray(wiring.Component):
     token. Token j's lane l result is ``bfp_dot(w[l], x[j])`` (:func:`sim.ref.arith.bfp_dot`),
     ``latency(width)`` cycles later.
 
+    With ``int8`` (a build for ``core.weight_dtype: int8``, ``reuse`` even) the array also
+    computes int8 tiles, step by step as ``i8`` says: ``w`` is then ``2 * lanes`` rows of
+    ``width`` int8 weights (row r at bytes [r width, (r + 1) width)), ``e8`` their scales'
+    exponents (byte r: row r's scale is 2^(e - 127)), and product j of lane l is
+    :func:`sim.ref.arith.i8_dot` of row ``(j mod 2) * lanes + l`` with ``x``'s block j: the
+    two products of a pair (2t, 2t + 1) take one token's two rows of the lane, so the
+    outputs, token t's row r in word ``2 t lanes + r``, are in the order the rows are. The
+    int8 values go to the multipliers as they are, past the weight alignment (an int8 value
+    is exact in the multiplier's 18-bit input), on delay lines of their own with the
+    alignment's latency and skew; a 2:1 choice per multiplier input, the step's ``i8`` flag
+    carried beside each element, picks them. The rows' exponents enter the single rounding
+    beside the activations' (``DotLane`` with a signed weight exponent).
+
     Members
     -------
     w : ``In(16 * width * lanes)``, lane 0's row in the low bits
     x : ``In(16 * width * reuse)``, token 0's block in the low bits
     o : ``Out(32 * lanes * reuse)``, token j's lane l in word ``j * lanes + l``
+    i8 : ``In(1)``; e8 : ``In(16 * lanes)``  (with ``int8`` only)
     """
 
-    def __init__(self, *, lanes, width, reuse=1, a_bits=A_BITS, b_bits=B_BITS, chain=None):
-        self.lanes, self.width, self.reuse = lanes, width, reuse
+    def __init__(self, *, lanes, width, reuse=1, a_bits=A_BITS, b_bits=B_BITS, chain=None,
+                 int8=False):
+        if int8 and reuse % 2:
+            raise ValueError(f"int8 needs an even reuse, not {reuse!r}")
+        self.lanes, self.width, self.reuse, self.int8 = lanes, width, reuse, int8
         self.a_bits, self.b_bits = a_bits, b_bits
         self.chain = chain_length(width) if chain is None else chain
         self.LATENCY = self.latency(width, a_bits, b_bits, self.chain)
+        extra = {"i8": In(1), "e8": In(16 * lanes)} if int8 else {}
         super().__init__({"w": In(16 * width * lanes), "x": In(16 * width * reuse),
-                          "o": Out(32 * lanes * reuse)})
+                          "o": Out(32 * lanes * reuse), **extra})
 
     @staticmethod
     def latency(width, a_bits=A_BITS, b_bits=B_BITS, chain=None):
@@ -336,15 +354,59 @@ class DotArray(wiring.Component):
         for lane in range(L):
             m.submodules[f"wal{lane}"] = wal = BlockAlign(W, self.b_bits, skew=self.chain)
             m.d.comb += wal.a.eq(self.w[rowbits * lane:rowbits * (lane + 1)])
+            if self.int8:
+                sel = self._int8_select(m, lane)
+                rows8 = [self._int8_row(m, lane, h) for h in range(2)]
             for j, xal in enumerate(xals):
                 name = f"lane{lane}" if self.reuse == 1 else f"lane{lane}_t{j}"
                 m.submodules[name] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits,
-                                                  chain=self.chain)
+                                                  chain=self.chain, eb_signed=self.int8)
                 k = j * L + lane
                 m.d.comb += [dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
-                             dl.b.eq(wal.o), dl.fb.eq(wal.flags), dl.eb.eq(wal.e),
                              self.o[32 * k:32 * (k + 1)].eq(dl.o)]
+                if self.int8:
+                    b8, f8, e8 = rows8[j % 2]
+                    m.d.comb += [
+                        dl.b.eq(Cat(*[Mux(sel[i % self.chain], b8[i].as_unsigned(),
+                                          wal.o.word_select(i, self.b_bits + 1))
+                                      for i in range(W)])),
+                        dl.fb.eq(Mux(sel[0], f8, wal.flags)),
+                        dl.eb.eq(Mux(sel[0], e8, wal.e))]
+                else:
+                    m.d.comb += [dl.b.eq(wal.o), dl.fb.eq(wal.flags), dl.eb.eq(wal.e)]
         return m
+
+    def _int8_select(self, m, lane):
+        """The step's ``i8`` flag for lane ``lane``'s multiplier inputs: ``sel[s]`` beside the
+        values of skew s (``BlockAlign.latency + s`` cycles late), from a copy of the flag
+        registered for the lane (its fan-out's own)."""
+        lat = BlockAlign.latency(self.width)
+        i8 = Signal(name=f"i8_{lane}", reset_less=True)
+        m.d.sync += i8.eq(self.i8)
+        chain = [i8] + delay(m, i8, lat - 2 + self.chain, name=f"i8_{lane}_d", reset_less=True)
+        return [chain[lat - 1 + s] for s in range(self.chain)]
+
+    def _int8_row(self, m, lane, h):
+        """Row ``h * lanes + lane`` of an int8 tile, as lane ``lane``'s products take it: its
+        values (sign-extended to the multiplier's input), flags and exponent at the times the
+        weight alignment's outputs have them (value i ``i mod chain`` cycles later)."""
+        W, L, C, B = self.width, self.lanes, self.chain, self.b_bits + 1
+        lat = BlockAlign.latency(W)
+        r = h * L + lane
+        tag = f"q{lane}_{h}"
+        bs, fs = [], []
+        for i in range(W):
+            q = self.w[8 * (r * W + i):8 * (r * W + i + 1)].as_signed()
+            b = Signal(signed(B), name=f"{tag}_b{i}", reset_less=True)
+            f = Signal(4, name=f"{tag}_f{i}", reset_less=True)
+            m.d.sync += [b.eq(q), f.eq(Cat(Const(0, 2), q == 0, q < 0))]      # nan inf zero sign
+            d = lat - 1 + i % C
+            bs.append(delay(m, b, d, name=f"{tag}_bd{i}_", reset_less=True)[-1] if d else b)
+            fs.append(delay(m, f, lat - 1, name=f"{tag}_fd{i}_", reset_less=True)[-1] if lat > 1 else f)
+        eb = Signal(signed(9), name=f"{tag}_eb", reset_less=True)
+        m.d.sync += eb.eq(self.e8[8 * r:8 * (r + 1)] - (127 - 14 - self.b_bits))
+        ebd = delay(m, eb, lat - 1, name=f"{tag}_ebd", reset_less=True)[-1] if lat > 1 else eb
+        return bs, Cat(*fs), ebd
 
 
 class DotLane(wiring.Component):

@@ -72,12 +72,6 @@ class Card(wiring.Component):
     """
 
     def __init__(self, cfg, *, watchdog=WATCHDOG):
-        from gen.config import ConfigError
-        if cfg.core.weight_dtype != "fp16":
-            raise ConfigError(
-                f"core.weight_dtype: got {cfg.core.weight_dtype!r}; allowed for the card's RTL: "
-                f"'fp16' (its matrix unit does not compute with int8 tiles yet; the ISS, the "
-                f"compiler and the performance model do)")
         self.cfg = cfg
         self.watchdog = watchdog
         c = cfg.core
@@ -118,7 +112,7 @@ class Card(wiring.Component):
                                                   depth=c.weight_fifo_tiles)
         m.submodules.mpu = u.mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
                                        vsp_rows=rows, xb_words=c.xb_words, channels=C,
-                                       reuse=c.reuse)
+                                       reuse=c.reuse, int8=c.weight_dtype == "int8")
         m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
                                        width=c.width, red_max=cfg.reduce_max)
         ring = ["coll"] if self.ring else []

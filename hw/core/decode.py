@@ -75,6 +75,9 @@ class Decoder(wiring.Component):
         A collective unit is part of the card (else COLL is illegal).
     link_words : int
         fp32 words of a link beat (COLL pads to them).
+    int8 : bool
+        The matrix unit computes int8 tiles (MATVEC.i8; else it is BAD_FIELD). The tiles an
+        i8 MATVEC claims beyond rb x cb (a scale row a group) are the issue stage's.
 
     Members
     -------
@@ -89,8 +92,9 @@ class Decoder(wiring.Component):
     """
 
     def __init__(self, *, vector_lanes, lanes, width, stripe_bytes, vsp_words, xb_words,
-                 channel_rows, reduce_max, ring, link_words):
+                 channel_rows, reduce_max, ring, link_words, int8=False):
         self.P, self.L, self.W, self.S = vector_lanes, lanes, width, stripe_bytes
+        self.int8 = int8
         self.vsp_words, self.xb_words, self.rows = vsp_words, xb_words, channel_rows
         self.red_max, self.ring, self.B = reduce_max, ring, link_words
         super().__init__({
@@ -174,7 +178,12 @@ class Decoder(wiring.Component):
         pl = (self.P - 1).bit_length()
         T = f.tokens
         multi = T > 1
-        rbl = f.rb << ll
+        # rows of output: rb row blocks of lanes rows, of 2 x lanes with i8
+        rbl = Mux(f.i8, f.rb << (ll + 1), f.rb << ll) if self.int8 else f.rb << ll
+        if self.int8:   # int8 tiles: not transposed; a group's scales fit in a stripe row
+            bad_i8 = f.i8 & (f.tt | ((f.group << (ll + 1)) > self.S))
+        else:           # the card computes with fp16 tiles only
+            bad_i8 = f.i8
         # the addresses in words (the fields are rows: width XB words, vector_lanes VSP words)
         xb, xstride = f.xb << wl, f.xstride << wl
         dst, dstride, bias = f.dst << pl, f.dstride << pl, f.bias << pl
@@ -188,7 +197,7 @@ class Decoder(wiring.Component):
         m.d.comb += d.err.eq(_first([
             ((f.rb == 0) | (f.cb == 0) | (f.group == 0) | (T == 0) | (T > MAX_TOKENS)
              | (f.group * T > ACC_DEPTH) | (multi & (dstride < rbl))
-             | f.i8, E["BAD_FIELD"]),                    # the card computes with fp16 tiles only
+             | bad_i8, E["BAD_FIELD"]),
             (f.bias_en & ~((~multi | btok) & (f.bias == f.dst))
              & (bias_lo < dst_hi) & (dst_lo < bias_hi), E["OVERLAP"]),
             ((dst_hi > self.vsp_words) | (f.bias_en & (bias_hi > self.vsp_words)), E["VSP_RANGE"]),

@@ -209,7 +209,9 @@ class Issue(wiring.Component):
         self.decoder_params = dict(
             vector_lanes=c.vector_lanes, lanes=c.lanes, width=c.width, stripe_bytes=self.S,
             vsp_words=c.vsp_words, xb_words=c.xb_words, channel_rows=cfg.channel_rows,
-            reduce_max=cfg.reduce_max, ring=self.ring, link_words=cfg.link.data_bits // 32)
+            reduce_max=cfg.reduce_max, ring=self.ring, link_words=cfg.link.data_bits // 32,
+            int8=c.weight_dtype == "int8")
+        self.int8 = c.weight_dtype == "int8"
         self.units = tuple(u for u in UNITS if u != "coll" or self.ring)
         ring = {"q_coll": Out(stream.Signature(CollCmd)), "done_coll": In(1), "coll_err": In(1),
                 "coll_err_pc": In(PC_BITS)} if self.ring else {}
@@ -246,11 +248,16 @@ class Issue(wiring.Component):
             m.d.sync += [dq.eq(dec.d), dv.eq(1)]
         with m.Elif(consume):
             m.d.sync += dv.eq(0)
+        # An i8 MATVEC also claims a scale row per group: ceil(rb / group) more tiles, found by
+        # a divider here (a bit a cycle) before the instruction may issue or fail.
+        need, need_ok = (self._scale_rows(m, dec, dq) if self.int8
+                         else (dq.need, Const(1, 1)))
+        ready = dv & need_ok                   # dq's instruction, its checks all known
 
         # Stage I: the state's checks (the weight stream's tiles), the scoreboard.
         kind = dq.kind
         err = Signal(4)
-        m.d.comb += [tiles.kind.eq(kind), tiles.add.eq(dq.add), tiles.need.eq(dq.need),
+        m.d.comb += [tiles.kind.eq(kind), tiles.add.eq(dq.add), tiles.need.eq(need),
                      tiles.clear.eq(self.start),
                      err.eq(Mux(dq.err != 0, dq.err, tiles.err))]
         unit = Signal(range(len(UNITS)))
@@ -265,7 +272,7 @@ class Issue(wiring.Component):
 
         # Dispatch (valid never depends on ready: `want` is everything but the queue's ready).
         dispatchable = kind.matches(*(f.opcode for f in FORMATS if f.unit != "ctrl"))
-        ok = run.running & dv & (err == 0)
+        ok = run.running & ready & (err == 0)
         want = Signal()
         go = Signal()
         q_ready = self._dispatch(m, dq, unit, want)
@@ -282,7 +289,7 @@ class Issue(wiring.Component):
             run.timeout.eq(self.timeout),
             # the oldest instruction not completed: in flight, else waiting here, else the next
             run.stuck_pc.eq(Mux(~board.empty, board.oldest, Mux(dv, dq.pc, self.insn.payload.pc))),
-            run.valid.eq(dv), run.err.eq(err), run.pc.eq(dq.pc),
+            run.valid.eq(ready), run.err.eq(err), run.pc.eq(dq.pc),
             run.halt.eq(dv & (kind == KIND["HALT"]) & board.empty),
             run.overrun.eq(~dv & ~self.insn.valid & self.exhausted),
             run.next_pc.eq(self.insn.payload.pc), run.quiet.eq(board.empty & self.quiet),
@@ -295,6 +302,33 @@ class Issue(wiring.Component):
             # A new run: nothing of the last one (e.g. its HALT) may stay in stage D.
             m.d.sync += dv.eq(0)
         return m
+
+    def _scale_rows(self, m, dec, dq):
+        """The tiles dq's instruction claims, with an i8 MATVEC's scale rows: rb x cb +
+        ceil(rb / group), the quotient by restoring division from the top bit of rb, one bit
+        a cycle from the cycle dq is loaded (16 cycles; ``ok`` low meanwhile). Returns
+        (need, ok)."""
+        f_new = fields(self.insn.payload.word, "MATVEC")
+        f = fields(dq.word, "MATVEC")
+        nb = len(f.rb)
+        dvd = Signal(nb)                 # the dividend's bits not yet taken, top first
+        rem = Signal(len(f.group) + 1)
+        quo = Signal(nb)
+        cnt = Signal(range(nb + 1))
+        ok = Signal(init=1)
+        with m.If(self.insn.valid & self.insn.ready):
+            i8 = (dec.d.kind == KIND["MATVEC"]) & f_new.i8
+            m.d.sync += [dvd.eq(f_new.rb), rem.eq(0), quo.eq(0), cnt.eq(Mux(i8, nb, 0)),
+                         ok.eq(~i8)]
+        with m.Elif(cnt != 0):
+            r2 = Cat(dvd[nb - 1], rem[0:len(f.group)])
+            ge = r2 >= f.group
+            m.d.sync += [rem.eq(Mux(ge, r2 - f.group, r2)), quo.eq(Cat(ge, quo[0:nb - 1])),
+                         dvd.eq(dvd << 1), cnt.eq(cnt - 1)]
+            with m.If(cnt == 1):
+                m.d.sync += ok.eq(1)
+        extra = Mux((dq.kind == KIND["MATVEC"]) & f.i8, quo + (rem != 0), 0)
+        return dq.need + extra, ok
 
     def _dispatch(self, m, dq, unit, want):
         """The unit commands: the instruction's fields as they are (hw/core/cmds.py), but the

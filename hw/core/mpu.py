@@ -68,6 +68,9 @@ class Mpu(wiring.Component):
     reuse : int
         Token vectors that meet each tile per step (R): a MATVEC over T tokens takes
         ceil(T / R) steps per tile.
+    int8 : bool
+        A ``core.weight_dtype: int8`` build: MATVEC.i8 too (a tile of 2 x lanes int8 rows
+        meets R / 2 tokens a step, each group's scale row popped before its tiles).
 
     Members
     -------
@@ -80,8 +83,10 @@ class Mpu(wiring.Component):
     discard : ``In(1)``  while idle, drop tiles (stopping after an error or leftover tiles)
     """
 
-    def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words, channels, reuse=1):
+    def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words, channels, reuse=1,
+                 int8=False):
         self.L, self.W, self.P, self.R, self.C = lanes, width, vector_lanes, reuse, channels
+        self.int8 = int8
         self.vsp_row_bits = (vsp_rows - 1).bit_length()
         self.xb_row_bits = max(1, (xb_words // width - 1).bit_length())
         super().__init__({
@@ -109,9 +114,12 @@ class Mpu(wiring.Component):
         # With group x tokens >= ADD + 2 (= 8) rotating slots this never stalls.
         m.submodules.seq = seq = MpuSequencer(lanes=L, width=W, vector_lanes=P, vsp_row_bits=rows,
                                               xb_row_bits=self.xb_row_bits,
-                                              window=Fp32Add.LATENCY + 1, reuse=R)
-        m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows, reuse=R)
-        m.submodules.mac = mac = MacArray(lanes=L, width=W, channels=self.C, reuse=R)
+                                              window=Fp32Add.LATENCY + 1, reuse=R,
+                                              int8=self.int8)
+        m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows, reuse=R,
+                                             int8=self.int8)
+        m.submodules.mac = mac = MacArray(lanes=L, width=W, channels=self.C, reuse=R,
+                                          int8=self.int8)
         m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 2, reuse=R)
         m.submodules.out = out = OutWriter(lanes=L, vector_lanes=P, row_bits=rows, reuse=R)
 
@@ -135,7 +143,10 @@ class Mpu(wiring.Component):
         s2 = delay(m, seq.s1, 1, name="s2")[-1]
         m.d.sync += [x2.eq(self.xb.data), bias2.eq(bias.data)]
         # Stage 2 -> X -> X + ADD: products, trees, accumulation; finished rows out.
-        m.d.comb += [mac.x.eq(x2), acc.meta.eq(s2), acc.bias.eq(bias2), acc.partial.eq(mac.o)]
+        m.d.comb += [mac.x.eq(x2), acc.meta.eq(s2.as_value()[:len(acc.meta.as_value())]),
+                     acc.bias.eq(bias2), acc.partial.eq(mac.o)]
+        if self.int8:
+            m.d.comb += [mac.scale.eq(seq.scale), mac.i8.eq(s2.i8), mac.block.eq(s2.block)]
         wiring.connect(m, acc.o, out.i)
         wiring.connect(m, out.w, wiring.flipped(self.w_out))
         m.d.comb += [self.done.eq(out.done), self.busy.eq(seq.active | out.busy)]

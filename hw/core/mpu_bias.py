@@ -30,6 +30,9 @@ class BiasBanks(wiring.Component):
     lanes, vector_lanes, vsp_row_bits : int
     reuse : int
         Tokens a step (R).
+    int8 : bool
+        The build computes int8 tiles: a MATVEC.i8's row block is 2 x lanes rows (twice the
+        VSP rows) and a row of the bank holds R / 2 tokens' biases, 2 x lanes words each.
 
     Members
     -------
@@ -49,8 +52,8 @@ class BiasBanks(wiring.Component):
         The issuing group's last step issues: its bank empties, the next bank issues.
     """
 
-    def __init__(self, *, lanes, vector_lanes, vsp_row_bits, reuse=1):
-        self._lanes, self._vlanes, self._reuse = lanes, vector_lanes, reuse
+    def __init__(self, *, lanes, vector_lanes, vsp_row_bits, reuse=1, int8=False):
+        self._lanes, self._vlanes, self._reuse, self._int8 = lanes, vector_lanes, reuse, int8
         super().__init__({
             "mv": In(MatvecCmd), "active": In(1), "begin": In(1),
             "r": Out(ReadPort(vsp_row_bits, vector_lanes)),
@@ -63,6 +66,9 @@ class BiasBanks(wiring.Component):
         P, L, R, mv = self._vlanes, self._lanes, self._reuse, self.mv
         rshift = (R - 1).bit_length()
         lpr = L // P                              # VSP rows per bias row of one token
+        # with i8: a row block's bias is 2 x lanes words (lprq VSP rows), R / 2 tokens a step
+        i8 = mv.i8 if self._int8 else Const(0, 1)
+        lprq = Mux(i8, 2 * lpr, lpr) if self._int8 else lpr
         m.submodules.mem = mem = Memory(shape=32 * L * R, depth=2 * ACC_DEPTH, init=[])
         bw = mem.write_port(granularity=32)
         br = mem.read_port(transparent_for=())
@@ -86,45 +92,55 @@ class BiasBanks(wiring.Component):
         # the request side: its row block's first VSP row, its token's, its place in that
         q_rbase = Signal(len(self.r.req.payload))
         q_tbase = Signal(len(self.r.req.payload))
-        q_sub = Signal(range(max(lpr, 2)))
+        q_sub = Signal(range(max(2 * lpr if self._int8 else lpr, 2)))
         q_t = Signal(4)
         m.d.comb += [self.r.req.valid.eq(ld_active & (ld_req < ld_rows)),
                      self.r.req.payload.eq(q_tbase + q_sub)]
         with m.If(self.r.req.valid & self.r.req.ready):
             m.d.sync += ld_req.eq(ld_req + 1)
-            with m.If(q_sub != lpr - 1):
+            with m.If(q_sub != lprq - 1):
                 m.d.sync += q_sub.eq(q_sub + 1)
             with m.Else():
                 m.d.sync += q_sub.eq(0)
                 with m.If(q_t != ntok - 1):
                     m.d.sync += [q_t.eq(q_t + 1), q_tbase.eq(q_tbase + ds)]
                 with m.Else():
-                    m.d.sync += [q_t.eq(0), q_rbase.eq(q_rbase + lpr), q_tbase.eq(q_rbase + lpr)]
+                    m.d.sync += [q_t.eq(0), q_rbase.eq(q_rbase + lprq), q_tbase.eq(q_rbase + lprq)]
         # the response side: the bank row (block, or slot with btok) and the place in it
         g_srow = Signal(SLOT_BITS + 1)   # bank row of the row block's first token group
         g_row = Signal(SLOT_BITS + 1)
-        g_sub = Signal(range(max(lpr, 2)))
+        g_sub = Signal(range(max(2 * lpr if self._int8 else lpr, 2)))
         g_t = Signal(4)
         ntg = Mux(btok, (mv.tokens + (R - 1)) >> rshift, 1)      # bank rows a row block
         place = Const(0, 1) if R == 1 else g_t[0:rshift]
+        last_place = place == R - 1
         words = ((1 << P) - 1)
         one = Signal(L * R)              # btok: the token's place only
         every = Signal(L * R)            # shared: every token's place
-        m.d.comb += [one.eq(Const(words, L * R) << (place * L + g_sub * P)),
-                     every.eq(Cat(*([(Const(words, L) << (g_sub * P))[0:L]] * R)))]
+        one16 = Const(words, L * R) << (place * L + g_sub * P)
+        every16 = Cat(*([(Const(words, L) << (g_sub * P))[0:L]] * R))
+        if self._int8:                   # R / 2 places of 2 x lanes words
+            h = rshift - 1
+            place8 = Const(0, 1) if h == 0 else g_t[0:h]
+            ntg = Mux(i8, Mux(btok, (mv.tokens + (R // 2 - 1)) >> h, 1), ntg)
+            last_place = Mux(i8, place8 == R // 2 - 1, last_place)
+            one16 = Mux(i8, Const(words, L * R) << (place8 * (2 * L) + g_sub * P), one16)
+            every16 = Mux(i8, Cat(*([(Const(words, 2 * L) << (g_sub * P))[0:2 * L]] * (R // 2))),
+                          every16)
+        m.d.comb += [one.eq(one16), every.eq(every16)]
         m.d.comb += [bw.addr.eq(Cat(g_row[0:SLOT_BITS], ld_bank)),
                      bw.data.eq(Cat(*([self.r.resp.payload] * (lpr * R)))),
                      bw.en.eq(Mux(self.r.resp.valid, Mux(btok, one, every), 0))]
         with m.If(self.r.resp.valid):
             m.d.sync += ld_got.eq(ld_got + 1)
-            with m.If(g_sub != lpr - 1):
+            with m.If(g_sub != lprq - 1):
                 m.d.sync += g_sub.eq(g_sub + 1)
             with m.Else():
                 m.d.sync += g_sub.eq(0)
                 with m.If(g_t != ntok - 1):
                     m.d.sync += g_t.eq(g_t + 1)
                     if R > 1:
-                        with m.If(place == R - 1):
+                        with m.If(last_place):
                             m.d.sync += g_row.eq(g_row + 1)
                     else:
                         m.d.sync += g_row.eq(g_row + 1)
@@ -132,9 +148,9 @@ class BiasBanks(wiring.Component):
                     m.d.sync += [g_t.eq(0), g_srow.eq(g_srow + ntg), g_row.eq(g_srow + ntg)]
         with m.If(self.active & mv.bias_en & ~ld_active & ~ld_done_all &
                   ~bank_ready.bit_select(ld_bank, 1)):
-            base = mv.bias + ld_next_g0 * lpr
+            base = mv.bias + ld_next_g0 * lprq
             m.d.sync += [ld_active.eq(1), ld_req.eq(0), ld_got.eq(0),
-                         ld_rows.eq(group_rows(mv, ld_next_g0) * lpr * ntok),
+                         ld_rows.eq(group_rows(mv, ld_next_g0) * lprq * ntok),
                          q_rbase.eq(base), q_tbase.eq(base), q_sub.eq(0), q_t.eq(0),
                          g_srow.eq(0), g_row.eq(0), g_sub.eq(0), g_t.eq(0)]
         # After a load finishes, move on to the next group and bank.

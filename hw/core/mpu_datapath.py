@@ -20,7 +20,7 @@ from hw.arith.pipe import delay
 from hw.arith.units import Fp32Add
 from hw.isa import ACC_DEPTH
 
-from .mpu_seq import step_layout
+from .mpu_seq import SLOT_BITS, step_layout
 
 __all__ = ["NEG_ZERO", "out_layout", "MacArray", "Accumulators"]
 
@@ -55,6 +55,12 @@ class MacArray(wiring.Component):
     reuse : int
         Tokens that meet the tile per step (R): R input blocks, R x lanes partial sums.
 
+    int8 : bool
+        The build computes int8 tiles too (``DotArray``'s int8 mode): a group's scale row is
+        popped like a tile and taken, a channel's part under its pop, into the scale register
+        instead of the tile register; each step's rows' exponents are picked from it by the
+        step's row block in the group.
+
     Members
     -------
     head : ``In(16 * lanes * width)``; take : ``In(channels)``
@@ -66,14 +72,20 @@ class MacArray(wiring.Component):
     o : ``Out(32 * lanes * reuse)``
         The partial sums, token j's lane l in word ``j * lanes + l``,
         ``DotArray.latency(width)`` cycles after the tile register.
+    scale : ``In(1)``  (with ``int8``)
+        The tile being popped is a scale row (as ``tt``, the cycle before ``take``).
+    i8 : ``In(1)``; block : ``In(SLOT_BITS)``  (with ``int8``)
+        The step at the tile register: int8, and its row block in its group.
     """
 
-    def __init__(self, *, lanes, width, channels, reuse=1):
+    def __init__(self, *, lanes, width, channels, reuse=1, int8=False):
         self._lanes, self._width, self._channels, self._reuse = lanes, width, channels, reuse
+        self._int8 = int8
         if (16 * lanes * width) % channels:
             raise ValueError(f"a tile of {16 * lanes * width} bits is not {channels} channel beats")
+        extra = {"scale": In(1), "i8": In(1), "block": In(SLOT_BITS)} if int8 else {}
         super().__init__({"head": In(16 * lanes * width), "take": In(channels), "tt": In(1),
-                          "x": In(16 * width * reuse), "o": Out(32 * lanes * reuse)})
+                          "x": In(16 * width * reuse), "o": Out(32 * lanes * reuse), **extra})
 
     def elaborate(self, platform):
         m = Module()
@@ -81,14 +93,31 @@ class MacArray(wiring.Component):
         B = 16 * L * W // C
         tile = Signal(L * W * 16, reset_less=True)
         tposed = Cat(*[p[16 * (c * L + r):16 * (c * L + r + 1)] for r in range(L) for c in range(W)])
+        # int8: the scale row of the group being issued, 2 x lanes bytes for each of its row
+        # blocks (a group has at most min(width, ACC_DEPTH) of them: group x 2 lanes bytes
+        # fit in the stripe, and group x tokens slots in the accumulators)
+        sbits = 16 * L * min(W, ACC_DEPTH)
+        scales = Signal(sbits, reset_less=True) if self._int8 else None
         for k in range(C):
             tt = Signal(name=f"tt{k}")          # the pop's flag, one copy a channel
             m.d.sync += tt.eq(self.tt)
             part = slice(B * k, B * (k + 1))
-            with m.If(self.take[k]):
-                m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
-        m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse)
+            if self._int8:
+                sc = Signal(name=f"sc{k}")      # ... and the scale row's
+                m.d.sync += sc.eq(self.scale)
+                with m.If(self.take[k] & ~sc):
+                    m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
+                if B * k < sbits:
+                    spart = slice(B * k, min(B * (k + 1), sbits))
+                    with m.If(self.take[k] & sc):
+                        m.d.sync += scales[spart].eq(p[spart])
+            else:
+                with m.If(self.take[k]):
+                    m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
+        m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse, int8=self._int8)
         m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
+        if self._int8:
+            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(scales.word_select(self.block, 16 * L))]
         return m
 
 

@@ -19,8 +19,11 @@ __all__ = ["SLOT_BITS", "step_layout", "group_rows", "SlotWindow", "MpuSequencer
 SLOT_BITS = 6           # an accumulator slot (hw.isa.ACC_DEPTH of them)
 
 
-def step_layout(row_bits, reuse=1):
-    """What a step carries down the pipeline."""
+def step_layout(row_bits, reuse=1, int8=False):
+    """What a step carries down the pipeline (with ``int8``: its mode and row block, which
+    picks its rows' scales)."""
+    # (the int8 fields last: the accumulators take the rest)
+    extra = {"i8": 1, "block": SLOT_BITS} if int8 else {}
     return data.StructLayout({
         "valid": 1,
         "first": 1,             # first column block: start from the bias (or -0), not the slot
@@ -30,6 +33,7 @@ def step_layout(row_bits, reuse=1):
         "rows": data.ArrayLayout(row_bits, reuse),  # VSP row of each token's output
         "n": reuse.bit_length(),  # tokens in the group (the first n of the reuse)
         "bias_en": 1,
+        **extra,
     })
 
 
@@ -98,6 +102,11 @@ class MpuSequencer(wiring.Component):
         ``SlotWindow``'s.
     reuse : int
         Tokens per step (R).
+    int8 : bool
+        The build computes int8 tiles (MATVEC.i8): such a MATVEC's step takes R / 2 tokens
+        (a token's two rows of each lane: its 2 x lanes rows, output as two row blocks of
+        lanes rows, ``rows[2 t]`` and ``rows[2 t + 1]``), and each group starts with a pop
+        of its scale row (``scale``: the tile goes to the scale register, no step issues).
 
     Members
     -------
@@ -131,19 +140,23 @@ class MpuSequencer(wiring.Component):
         The step's metadata, registered: valid one cycle after issue (stage 1).
     starve : ``Out(1)``
         A step waits for a tile.
+    scale : ``Out(1)``  (with ``int8``)
+        The pop is a group's scale row (combinational, with ``pop``).
     """
 
-    def __init__(self, *, lanes, width, vector_lanes, vsp_row_bits, xb_row_bits, window, reuse=1):
+    def __init__(self, *, lanes, width, vector_lanes, vsp_row_bits, xb_row_bits, window, reuse=1,
+                 int8=False):
         self._lanes, self._width, self._vlanes = lanes, width, vector_lanes
-        self._window, self._reuse = window, reuse
+        self._window, self._reuse, self._int8 = window, reuse, int8
         super().__init__({
+            **({"scale": Out(1)} if int8 else {}),
             "cmd": In(stream.Signature(MatvecCmd)),
             "mv": Out(MatvecCmd), "active": Out(1), "begin": Out(1),
             "tile_valid": In(1), "credit": In(1), "bias_ready": In(1),
             "step": Out(1), "pop": Out(1), "claim": Out(1), "group_done": Out(1),
             "xrow": Out(data.ArrayLayout(xb_row_bits, reuse)), "block": Out(SLOT_BITS),
             "slot": Out(SLOT_BITS),
-            "s1": Out(step_layout(vsp_row_bits, reuse)),
+            "s1": Out(step_layout(vsp_row_bits, reuse, int8)),
             "starve": Out(1),
         })
 
@@ -157,48 +170,67 @@ class MpuSequencer(wiring.Component):
         c = Signal(12)
         ri = Signal(8)           # row block within the group
         t = Signal(5)            # first token of the step's group
-        ntg = Signal(5)          # token groups of the MATVEC: ceil(tokens / R)
+        ntg = Signal(5)          # token groups of the MATVEC: ceil(tokens / tokens a step)
         issued_all = Signal()
+        # int8 (MATVEC.i8): R / 2 tokens a step, each a pair of the R products and two row
+        # blocks of output; a scale row popped before each group's tiles
+        i8 = mv.i8 if self._int8 else Const(0, 1)
+        need_scale = Signal()    # the group's scale row is still to be popped
+        tstep = Mux(i8, R // 2, R) if self._int8 else R
+        tgroup = Mux(i8, t >> max(rshift - 1, 0), t >> rshift) if self._int8 else t >> rshift
 
         # The step's place, and what may hold it back.
         m.submodules.window = window = SlotWindow(window=self._window)
-        slot = (ri * ntg + (t >> rshift))[0:SLOT_BITS]
+        slot = (ri * ntg + tgroup)[0:SLOT_BITS]
         first_c, last_c, need_tile = c == 0, c == mv.cb - 1, t == 0
         m.d.comb += [window.slot.eq(slot), window.update.eq(step & ~last_c)]
         hazard = window.hazard & ~first_c       # the first column block does not read its slot
         tile_ok = ~need_tile | self.tile_valid
         bias_ok = ~mv.bias_en | self.bias_ready
         waiting = self.active & ~issued_all
-        m.d.comb += [step.eq(waiting & tile_ok & ~hazard & (~last_c | self.credit) & bias_ok),
-                     self.starve.eq(waiting & ~tile_ok),
-                     self.pop.eq(step & need_tile), self.claim.eq(step & last_c),
+        scale_pop = waiting & need_scale & self.tile_valid
+        m.d.comb += [step.eq(waiting & ~need_scale & tile_ok & ~hazard & (~last_c | self.credit)
+                             & bias_ok),
+                     self.starve.eq(waiting & (need_scale | need_tile) & ~self.tile_valid),
+                     self.pop.eq((step & need_tile) | scale_pop), self.claim.eq(step & last_c),
                      self.block.eq(ri[0:SLOT_BITS]), self.slot.eq(slot)]
+        if self._int8:
+            m.d.comb += self.scale.eq(scale_pop)
         xs, ds = mv.xstride, mv.dstride        # (MATVEC's addresses are rows)
         xrow0 = mv.xb + t * xs + c
         row0 = mv.dst + t * ds + (g0 + ri) * lpr
+        row8 = mv.dst + t * ds + (g0 + ri) * (2 * lpr)
         for j in range(R):
-            m.d.comb += self.xrow[j].eq(xrow0 + j * xs)
-        last_t, last_ri = t + R >= mv.tokens, ri == gs - 1
+            x16, r16 = xrow0 + j * xs, row0 + j * ds
+            if self._int8:      # product j: token t + j / 2, row block half j mod 2
+                x16 = Mux(i8, xrow0 + (j // 2) * xs, x16)
+                r16 = Mux(i8, row8 + (j // 2) * ds + (j % 2) * lpr, r16)
+            m.d.comb += self.xrow[j].eq(x16)
+            m.d.sync += self.s1.rows[j].eq(r16)
+        last_t, last_ri = t + tstep >= mv.tokens, ri == gs - 1
+        ntok = Mux(last_t, mv.tokens - t, tstep)
         m.d.sync += [self.s1.valid.eq(step), self.s1.first.eq(first_c), self.s1.last.eq(last_c),
                      self.s1.slot.eq(slot), self.s1.bias_en.eq(mv.bias_en),
-                     self.s1.n.eq(Mux(last_t, mv.tokens - t, R)),
+                     self.s1.n.eq(Mux(i8, ntok << 1, ntok) if self._int8 else ntok),
                      self.s1.end.eq(last_t & last_ri & last_c & (g0 + gs >= mv.rb))]
-        for j in range(R):
-            m.d.sync += self.s1.rows[j].eq(row0 + j * ds)
+        if self._int8:
+            m.d.sync += [self.s1.i8.eq(i8), self.s1.block.eq(ri[0:SLOT_BITS])]
 
         # The loop nest: token, row block in the group, column block, group.
         m.d.comb += self.group_done.eq(step & last_t & last_ri & last_c)
         with m.If(step):
-            m.d.sync += t.eq(Mux(last_t, 0, t + R))
+            m.d.sync += t.eq(Mux(last_t, 0, t + tstep))
             with m.If(last_t):
                 m.d.sync += ri.eq(Mux(last_ri, 0, ri + 1))
                 with m.If(last_ri):
                     m.d.sync += c.eq(Mux(last_c, 0, c + 1))
+        with m.If(scale_pop):
+            m.d.sync += need_scale.eq(0)
         with m.If(self.group_done):
             nxt = g0 + gs
-            m.d.sync += [g0.eq(nxt), gs.eq(group_rows(mv, nxt))]
+            m.d.sync += [g0.eq(nxt), gs.eq(group_rows(mv, nxt)), need_scale.eq(i8)]
             with m.If(nxt >= mv.rb):
-                m.d.sync += issued_all.eq(1)
+                m.d.sync += [issued_all.eq(1), need_scale.eq(0)]
 
         # The next MATVEC is taken in the cycle this one issues its last step, or when idle.
         m.d.comb += [self.cmd.ready.eq(~self.active | (issued_all & ~step)),
@@ -207,7 +239,10 @@ class MpuSequencer(wiring.Component):
             m.d.sync += self.active.eq(0)
         with m.If(self.begin):
             p = self.cmd.payload
+            ntg16 = (p.tokens + R - 1) >> rshift
             m.d.sync += [mv.eq(p), self.active.eq(1), g0.eq(0), c.eq(0), ri.eq(0), t.eq(0),
                          issued_all.eq(0), gs.eq(Mux(p.rb < p.group, p.rb, p.group)),
-                         ntg.eq((p.tokens + R - 1) >> rshift)]
+                         ntg.eq(Mux(p.i8, (p.tokens + R // 2 - 1) >> max(rshift - 1, 0), ntg16)
+                                if self._int8 else ntg16),
+                         need_scale.eq(p.i8 if self._int8 else 0)]
         return m

@@ -189,6 +189,8 @@ def unit_vectors(name, n_random, rng):
         return _dot_vectors(int(name.split("_")[-1]), n_random, rng), A.bfp_dot
     if name.startswith("i8_dot"):
         return _i8_vectors(int(name.split("_")[-1]), n_random, rng), A.i8_dot
+    if name.startswith("dot_pair"):
+        return _pair_vectors(int(name.split("_")[-1]), n_random, rng), dot_pair
     if name in ("exp", "recip", "rsqrt", "gelu"):
         return (np.concatenate([F32_SPECIALS, exhaustive_vectors()[0],
                                 _special_inputs(name, rng, n_random)]),), ref
@@ -304,6 +306,39 @@ def _i8_vectors(width, n_random, rng):
     add(rng.integers(-128, 128, (r, width)), rng.integers(0, 1 << 16, (r, width), dtype=np.uint16),
         rng.integers(0, 256, r))
     return np.concatenate(qs), np.concatenate(xs), np.concatenate(es)
+
+
+def dot_pair(w, x, c):
+    """The matrix unit's DotArray of one lane and two products in an int8 build, step by
+    step in either mode: w [N, W] fp16 (in int8 mode its bytes are two rows of W int8
+    weights), x [N, 2W] fp16 (the two products' blocks), c [N, 3] bytes (the two rows' scale
+    exponents, then the mode: 1 int8). Returns [N] uint64: product 0 in the low word."""
+    w, x, c = np.asarray(w, np.uint16), np.asarray(x, np.uint16), np.asarray(c, np.uint8)
+    W = w.shape[-1]
+    x0, x1 = x[:, :W], x[:, W:]
+    q = np.ascontiguousarray(w).view(np.int8)
+    fp = (A.bfp_dot(w, x0), A.bfp_dot(w, x1))
+    i8 = (A.i8_dot(q[:, :W], x0, c[:, 0]), A.i8_dot(q[:, W:], x1, c[:, 1]))
+    mode = (c[:, 2] & 1) == 1
+    lo, hi = (np.where(mode, b, a).astype(np.uint64) for a, b in zip(fp, i8, strict=True))
+    return lo | (hi << np.uint64(32))
+
+
+def _pair_vectors(width, n_random, rng):
+    """(w, x, c) for :func:`dot_pair`: bfp_dot's and i8_dot's vectors (corners and random),
+    in a random order, so that the mode changes from one step to the next as often as not."""
+    w, x = _dot_vectors(width, n_random // 2, rng)
+    n16 = len(w)
+    x = np.concatenate([x, x[rng.permutation(n16)]], axis=1)
+    c16 = np.zeros((n16, 3), np.uint8)
+    q, xq, e = _i8_vectors(width, n_random // 2, rng)
+    n8 = len(q) // 2
+    q = q[:2 * n8].reshape(n8, 2 * width)                  # two int8 rows a step
+    w8 = q.view(np.uint16)
+    x8 = xq[:2 * n8].reshape(n8, 2 * width)
+    c8 = np.stack([e[0:2 * n8:2], e[1:2 * n8:2], np.ones(n8, np.uint8)], axis=1)
+    order = rng.permutation(n16 + n8)
+    return tuple(np.concatenate(p)[order] for p in ((w, w8), (x, x8), (c16, c8)))
 
 
 def exhaustive_vectors():

@@ -24,7 +24,7 @@ OUT_BITS = int(os.environ["GPTFPGA_OUT_BITS"])
 N = int(os.environ["GPTFPGA_N"])
 SEED = int(os.environ["GPTFPGA_SEED"])
 
-_DT = {8: np.uint8, 16: np.uint16, 32: np.uint32}
+_DT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 
 
 def pack(arr):

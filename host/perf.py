@@ -64,6 +64,9 @@ SCOREBOARD = 8
 FETCH_CHUNK, FETCH_DEPTH = 16, 32
 DMA_RD_QUEUE = 4
 STORE_QUEUE = 2                  # hw/core/dma.py
+# an i8 MATVEC's tiles include a scale row a group, ceil(rb / group): the issue stage's
+# divider takes a bit a cycle (hw/core/issue.py)
+I8_CLAIM = 16
 ACC_REUSE = ADD_LAT + 2          # steps between two updates of one accumulator slot
 # The weight FIFO (hw/core/wfifo.py): beats read ahead of the storage, a tile's cycles from
 # its write to its first possible pop, and from a pop to the tile register.
@@ -209,6 +212,8 @@ class CardModel:
             t = int(enter[i]) + 1
             op = ins.op
             f = ins.fields
+            if op == "MATVEC" and f.get("i8", 0):
+                t += I8_CLAIM     # the issue stage counts its tiles (scale rows) first
             reads, writes = self._ranges(op, f)
             if op in ("HALT", "FENCE"):
                 t = max([t] + [d + 1 for d, _, _ in inflight])
@@ -282,7 +287,7 @@ class CardModel:
                 dma_done = dma_done[1 - DMA_RD_QUEUE:] + [done]
             elif op == "MATVEC":
                 rb, cb, T, grp = f["rb"], f["cb"], f["tokens"], f["group"]
-                # i8 (a what-if until the matrix unit computes int8: docs/performance.md): a
+                # i8 (docs/performance.md): a
                 # tile is 2L rows, a token takes two of the R dot products of each lane, and
                 # each group starts with its row of scales (one step)
                 i8 = f.get("i8", 0)

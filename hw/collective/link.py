@@ -148,7 +148,11 @@ class LinkTx(wiring.Component):
         # -- fill: payload beats into the slot of fill_seq, CRC alongside ----------------------
         k = Signal(8)
         tag = Signal(32)
-        room = (fill_seq - base)[0:SEQ_BITS] < WIN
+        # A slot is filled again only when its frame is acknowledged and the sender is past it:
+        # acknowledgements of frames sent before a go-back can move base beyond send_seq, and
+        # the sender then still reads (resends) those frames.
+        oldest = Mux(_behind(send_seq, base), send_seq, base)
+        room = (fill_seq - oldest)[0:SEQ_BITS] < WIN
         slot_fill = fill_seq[0:wbits] if wbits else Const(0, 1)
         par = fill_seq[0]
         m.d.comb += self.i.ready.eq(room)

@@ -10,6 +10,7 @@ from functools import partial
 from . import Proof
 from .beats import BeatsHarness
 from .fetch import FetchHarness
+from .link import LinkHarness, LinkPortHarness, dead_bound
 from .reader import ReaderHarness
 from .regs import ControlHarness
 from .scoreboard import ScoreboardHarness
@@ -23,6 +24,25 @@ _READER_WHY = (
     "beats, and a two-entry skid buffer: every such state is reached within "
     "2 + max_outstanding * (max_burst + 1) + 2 cycles of reset ({n} here), so a violation, "
     "if any, shows within this depth.")
+
+_DEAD = dead_bound(frame_beats=2, timeout=4, retries=1)
+
+_LINK_DEAD_WHY = (
+    "Bounded. One port (frames of 2 beats, window 2, 2 receive frames, timeout 4, 1 retry) "
+    "with any peer's acknowledgements, credits and data before its wire dies; link_error "
+    "must follow a frame "
+    f"sent and unacknowledged on the dead wire within {_DEAD} cycles "
+    "((retries + 1) timeouts of timeout + 1 cycles, a go-back between them, slack), so a "
+    "depth of d covers every death whose first unacknowledged frame comes by cycle "
+    f"d - {_DEAD} - 2: here a window of frames sent, acknowledged or not, and a go-back.")
+
+_LINK_WHY = (
+    "Bounded, and shallow: two ports (frames of 2 beats, window 2, 2 receive frames, "
+    "timeout 4, 1 retry), data {way}, any drops, stalls and CRC-detected corruption. A frame "
+    "needs about 14 cycles from the user to the peer's user, so this depth covers the first "
+    "frames delivered, a timeout's go-back and NAKs; each further cycle costs the solver "
+    "minutes (two ports' memories and FIFOs). The sender's side is proved deeper by "
+    "link_port.")
 
 PROOFS = (
     Proof("reader", ReaderHarness, "bmc", 24, _READER_WHY.format(n=2 + 2 * 9 + 2)),
@@ -64,7 +84,27 @@ PROOFS = (
           "depth; deeper runs cost minutes a cycle (8 entries of 4 ranges).", map_memories=True),
     Proof("scoreboard_deep", ScoreboardHarness, "bmc", 8,
           "Up to 7 instructions in flight: entries freed and reused.", deep=True,
-          map_memories=True),)
+          map_memories=True),
+    Proof("link_port", LinkPortHarness, "bmc", 14,
+          "Bounded. One port (frames of 2 beats, window 2, 2 receive frames, timeout 4, 1 "
+          "retry) with any peer's acknowledgements and credits: every frame on its wire is one "
+          "its user gave, whole. 14 cycles cover two frames sent, a timeout, its go-back and "
+          "acknowledgements arriving during the resend (the slot reuse this proof found).",
+          map_memories=True),
+    Proof("link_port_deep", LinkPortHarness, "bmc", 24,
+          "The same to 24 cycles: a second timeout, a full window resent, slots reused.",
+          deep=True, map_memories=True),
+    Proof("link_dead", partial(LinkPortHarness, wire=False), "bmc", 40, _LINK_DEAD_WHY,
+          deep=True, map_memories=True),
+    Proof("link", partial(LinkHarness, duplex=False), "bmc", 14, _LINK_WHY.format(
+        way="one way (B sends acknowledgements only)"), map_memories=True),
+    Proof("link_deep", LinkHarness, "bmc", 18, _LINK_WHY.format(
+        way="both ways (data frames and acknowledgements share each wire)"),
+          deep=True, map_memories=True),
+    Proof("link_cover", partial(LinkHarness, duplex=False), "cover", 22,
+          "Frames delivered, one after a retransmission, one after a lost beat, one after a "
+          "corrupted frame, link_error reached: the channel's assumptions leave the protocol "
+          "its behaviours.", deep=True, map_memories=True),)
 
 
 def quick():

@@ -93,11 +93,12 @@ class AxiWriteMux(wiring.Component):
         for i, p in enumerate(mgr):
             with m.If(cur == i):
                 m.d.comb += [getattr(s, f).eq(getattr(p, f)) for f in aw_fields + w_fields]
-                # W only for the manager whose AW won (or went), never before it
+                # W only for the manager whose AW won (or went), never before it: not while
+                # the order FIFO, full, keeps its AW off the port
+                w_go = ~w_done & (locked | (p.awvalid & order.w_rdy))
                 m.d.comb += [s.awvalid.eq(p.awvalid & ~aw_done & order.w_rdy),
                              p.awready.eq(s.awready & ~aw_done & order.w_rdy),
-                             s.wvalid.eq(p.wvalid & ~w_done & (locked | p.awvalid)),
-                             p.wready.eq(s.wready & ~w_done & (locked | p.awvalid))]
+                             s.wvalid.eq(p.wvalid & w_go), p.wready.eq(s.wready & w_go)]
         aw = s.awvalid & s.awready
         w_end = s.wvalid & s.wready & s.wlast
         aw_ok, w_ok = aw_done | aw, w_done | w_end

@@ -22,9 +22,9 @@ instruction, with the structure of the RTL (docs/architecture.md):
   latency and the pass's fixed overhead; reductions are the ISA's row-halving passes and lane
   folds;
 - the store engine: one element per cycle, then the write responses;
-- COLL: every card waits for the slowest, then the ring all-reduce's (or all-gather's) cost
-  from the link's latency and rate, the per-hop overhead measured on the collective engine,
-  and the framing.
+- COLL: one at a time in the collective unit; every card waits for the slowest, then the ring
+  all-reduce's (or all-gather's) cost from the link's latency and rate, the per-hop overhead
+  measured on the collective engine, and the framing.
 
 Every constant that is not a structural fact of the RTL (a pipeline latency from hw/arith, a
 FIFO depth) is one of the few fixed overheads in ``Overheads``; `gptfpga bench calibrate`
@@ -105,8 +105,13 @@ class CardModel:
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
     def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None,
-                 runahead=False):
+                 runahead=False, vec_pipelined=False):
         self.cfg, self.o = cfg, overheads
+        # a what-if (docs/performance.md): the vector unit takes the next VEC once the last has
+        # read its operands (rows and the pass's overhead), its pipeline draining beside it
+        # (a reduction's passes still one after another); a VEC that reads the last one's
+        # result still waits for it (the scoreboard)
+        self.vec_pipelined = vec_pipelined
         # a what-if (docs/performance.md): a one-token fp16 MATVEC takes two tiles a cycle
         # (two of a lane's R dot products, each with its own weight alignment) while they are
         # there, as far as the accumulators' reuse distance allows
@@ -115,6 +120,10 @@ class CardModel:
         self.R = cfg.core.reuse if reuse is None else reuse
         self.cards = cards or cfg.cards
         self.trace = [] if trace else None      # (pc, op, issue cycle, done cycle)
+        # with trace: per instruction, (the cycle it could have issued in order, and what held
+        # it from there: None, or (hazard | scoreboard | unit, the index of the instruction
+        # it waited for))
+        self.why = [] if trace else None
         c = cfg.core
         self.L, self.W, self.P = c.lanes, c.width, c.vector_lanes
         self.S = cfg.stripe_bytes
@@ -182,8 +191,10 @@ class CardModel:
         enter = np.zeros(n + 1, np.int64)       # cycle each instruction enters stage D
         req = {}                                # fetch burst -> cycle requested
         arrive_prev = 0
-        inflight = []                           # (done, reads, writes)
-        unit_free = {"vpu": 0, "mpu": 0}
+        inflight = []                           # (done, reads, writes, index)
+        # the collective unit takes one COLL at a time (hw/core/coll.py: ready only when idle)
+        unit_free = {"vpu": 0, "mpu": 0, "coll": 0}
+        unit_last = {"vpu": None, "mpu": None, "coll": None}  # (the instruction holding each)
         store_done = []                         # done cycles of STOREs, in order
         store_free = 0                          # the store engine takes the next STORE
         dma_done = []                           # done cycles of LOAD/WLOAD, in order
@@ -216,19 +227,26 @@ class CardModel:
                 t += I8_CLAIM     # the issue stage counts its tiles (scale rows) first
             reads, writes = self._ranges(op, f)
             if op in ("HALT", "FENCE"):
-                t = max([t] + [d + 1 for d, _, _ in inflight])
+                t = max([t] + [d + 1 for d, *_ in inflight])
                 prev_issue = t
                 inflight = []
                 if op == "HALT":
                     t_end = t + o.halt
                     break
                 continue
-            t = _after_hazards(t, inflight, reads, writes)
-            live = sorted(d for d, _, _ in inflight if d >= t)
+            t0 = t
+            t, why = _after_hazards(t, inflight, reads, writes), None
+            if t > t0:
+                why = ("hazard", _blocker(t, inflight))
+            live = sorted(d for d, *_ in inflight if d >= t)
             if len(live) >= SCOREBOARD:
+                t1 = t
                 t = max(t, live[len(live) - SCOREBOARD] + 1)
                 t = _after_hazards(t, inflight, reads, writes)
+                if t > t1:
+                    why = ("scoreboard", _blocker(t, inflight))
             unit = UNIT_OF[op]
+            t1 = t
             if unit == "dma_rd":
                 pending = [d for d in dma_done if d >= t]
                 if len(pending) >= DMA_RD_QUEUE:
@@ -239,14 +257,21 @@ class CardModel:
                     t = max(t, pending[len(pending) - STORE_QUEUE - 1] + 1)
             elif unit in unit_free:
                 t = max(t, unit_free[unit])
+            if t > t1:
+                why = ("unit", unit_last.get(unit))
             if op == "COLL":
                 done = yield t, f
                 done = max(int(done), t + 1)
+                unit_free["coll"], unit_last["coll"] = done + 1, i
             elif op == "VEC":
                 cyc = self.vec_cycles(f)
                 done = t + 1 + cyc
-                busy["vpu"] += cyc
-                unit_free["vpu"] = done + o.vec_issue
+                held = cyc
+                if self.vec_pipelined and f["vop"] not in REDUCE_VOPS:
+                    held = cyc - VOP_LAT[VOP_BY_CODE[f["vop"]]] - (CVT_LAT if f["x16"] else 0)
+                busy["vpu"] += held
+                unit_free["vpu"] = t + 1 + held + o.vec_issue
+                unit_last["vpu"] = i
             elif op == "STORE":
                 # one element a cycle; single-beat writes, at most max_outstanding per channel
                 # awaiting their response
@@ -327,6 +352,7 @@ class CardModel:
                 last = int(steps[-1]) + per - 1
                 mpu_last_step = last
                 unit_free["mpu"] = last + 1
+                unit_last["mpu"] = i
                 outs = rb * T * lpr
                 done = max(last + self.X + ADD_LAT + o.mpu_tail + lpr,
                            first + self.X + ADD_LAT + outs)
@@ -335,9 +361,10 @@ class CardModel:
             else:
                 raise ValueError(f"perf model: instruction {op} at {i}")
             prev_issue = t
-            inflight = [e for e in inflight if e[0] >= t] + [(done, reads, writes)]
+            inflight = [e for e in inflight if e[0] >= t] + [(done, reads, writes, i)]
             if self.trace is not None:
                 self.trace.append((i, op, t, int(done)))
+                self.why.append((t0, why))
         return {"cycles": int(t_end), "hbm_rd_bytes": int(hbm_rd), "mpu_busy": busy["mpu"],
                 "vpu_busy": busy["vpu"], "insns": n}
 
@@ -395,11 +422,16 @@ def _after_hazards(t, inflight, reads, writes):
     """The first cycle from ``t`` at which an instruction reading ``reads`` and writing
     ``writes`` conflicts with none of the in-flight (done, reads, writes): it may not write
     what one reads or writes, nor read what one writes (hw/core/issue.py)."""
-    for done, er, ew in inflight:
+    for done, er, ew, _ in inflight:
         if done >= t and (any(_hits(w, r) for w in writes for r in er + ew)
                           or any(_hits(r, w) for r in reads for w in ew)):
             t = done + 1
     return t
+
+
+def _blocker(t, inflight):
+    """The in-flight instruction whose completion let an instruction issue at ``t``."""
+    return next((i for done, _, _, i in inflight if done + 1 == t), None)
 
 
 def _chain(avail, gaps):
@@ -460,16 +492,16 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=None,
-             runahead=False):
+             runahead=False, vec_pipelined=False):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card).
     ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if). With
     ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)].
     ``reuse``: token vectors meeting each weight tile per cycle (a what-if; default the
-    config's core.reuse). ``runahead``: the one-token run-ahead what-if (CardModel)."""
+    config's core.reuse). ``runahead``, ``vec_pipelined``: what-ifs (CardModel)."""
     cards = len(programs)
     models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse,
-                        runahead=runahead) for _ in programs]
+                        runahead=runahead, vec_pipelined=vec_pipelined) for _ in programs]
     gens = [m.run(p) for m, p in zip(models, programs, strict=True)]
     results = [None] * cards
     waiting = [None] * cards
@@ -497,20 +529,26 @@ def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", tra
             resume(i, done)
     if trace:
         for r, m in zip(results, models, strict=True):
-            r["trace"] = m.trace
+            r["trace"], r["why"] = m.trace, m.why
     return {"cycles": max(r["cycles"] for r in results), "cards": results}
 
 
 def trace_table(programs, result):
     """One row per instruction and card of a traced ``simulate`` (JSON-ready): the card, pc,
-    opcode, the cycle it issued and the cycle it was done, its fields, and the matrix unit's
-    idle cycles before it (a MATVEC's wait for its input: the decode chain's stalls)."""
+    opcode, the cycle it issued and the cycle it was done, its fields, the matrix unit's
+    idle cycles before it (a MATVEC's wait for its input: the decode chain's stalls), and what
+    held its issue past the cycle in-order issue allowed: ``held`` (hazard, scoreboard or
+    unit) and ``held_by``, the pc of the instruction it waited for (None: the read DMA's or
+    the store engine's queue)."""
     rows = []
     for card, (prog, r) in enumerate(zip(programs, result["cards"], strict=True)):
         mpu_free = 0
-        for pc, op, issue, done in r["trace"]:
+        why = r.get("why") or [(None, None)] * len(r["trace"])
+        for (pc, op, issue, done), (_, held) in zip(r["trace"], why, strict=True):
             row = {"card": card, "pc": pc, "op": op, "issue": int(issue), "done": int(done),
                    **{k: int(v) for k, v in decode(prog[pc]).fields.items()}}
+            if held is not None:
+                row["held"], row["held_by"] = held[0], held[1]
             if op == "MATVEC":
                 row["mpu_idle_before"] = max(0, int(issue) - mpu_free)
                 mpu_free = max(mpu_free, int(done))

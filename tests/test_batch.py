@@ -12,6 +12,7 @@ import pytest
 
 from gen.config import load_config
 from host.compiler import CompiledModel
+from host.compiler.emit import split_at
 from host.errors import UserError
 from host.model import load_checkpoint
 from host.runtime import DEMO_MODEL, BatchGeneration, Sampling, generate, make_cards
@@ -45,6 +46,20 @@ def _check_streams(g, solos):
         assert g.logits[s].shape == logits.shape
         assert np.array_equal(g.logits[s].view(np.uint32), logits.view(np.uint32)), \
             f"stream {s}: logits differ from its own run"
+
+
+def test_batch_of_four_split_iss(demo):
+    """Four streams on two cards: the step is cut in two interleaved halves of two streams
+    (emit.split_program), each half's collectives and vector work beside the other's MATVECs;
+    every stream still bit-identical to its prompt alone (whose 7-token prefill step is cut
+    too)."""
+    cfg, model, tok = demo
+    prompts = [tok.encode(p) for p in (*PROMPTS, "It was the best of times")]
+    cm = CompiledModel(cfg, model, cards=2, streams=4)
+    assert split_at(cm, 4) == 2 and split_at(cm, 3) is None and split_at(cm, 7) == 4
+    g, order = _batch(cfg, model, "iss", 2, prompts, 4)
+    _check_streams(g, [_solo(cfg, model, "iss", 2, p, 4) for p in prompts])
+    assert all(c["step_tokens"] == 4 for c in g.stats.decode_steps)
 
 
 @pytest.mark.parametrize("cards", [1, 2])

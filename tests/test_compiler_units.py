@@ -392,3 +392,99 @@ def test_k_v_matvecs_beyond_the_weight_fifo_are_refused_at_compile():
         CompiledModel(cfg, Gpt2(Gpt2Shape(1, 1, 64, 512, 481), None))
     cm = CompiledModel(cfg, Gpt2(Gpt2Shape(1, 1, 64, 512, 480), None))
     assert cm.step([1], 479)                 # the last position's step emits
+
+
+# -- steps of several tokens on several cards ------------------------------------------------------
+@pytest.fixture(scope="module")
+def xl4():
+    """GPT-2 1.5B's shapes on 4 u280x4 cards, for batches of 8 (shapes-only compiles)."""
+    cfg = load_config(ROOT / "configs" / "u280x4.yaml")
+    return cfg, [CompiledModel(cfg, Gpt2(SHAPES["gpt2-xl"], None), card=i, cards=4, streams=8)
+                 for i in range(4)]
+
+
+def _ops(words):
+    return [decode(w) for w in words]
+
+
+def test_split_at_cuts_at_a_multiple_of_reuse(xl4):
+    """A step is cut in two halves of at least 2 tokens, the first a multiple of core.reuse (2),
+    only on several cards and unless asked not to."""
+    from host.compiler.emit import split_at
+    cfg, cms = xl4
+    assert [split_at(cms[0], T) for T in range(1, 9)] == [None, None, None, 2, None, 4, 4, 4]
+    one = CompiledModel(cfg, Gpt2(SHAPES["gpt2-xl"], None), cards=4, split=False)
+    assert all(split_at(one, T) is None for T in range(1, 9))
+
+
+def test_split_steps_have_the_same_colls_on_every_card(xl4):
+    """Every card of a cut step has the same COLLs in the same order (each card's interleave
+    chose its own order around them): per layer and half two all-gathers of the partial sums
+    and two one-beat all-gathers of the LayerNorms' r (and the LM head's in a batch); in
+    prefill all-reduces."""
+    _, cms = xl4
+    for step, expect in ((lambda cm: cm.step_batch([(0, 64, s) for s in range(8)]), 48 * 8 + 2),
+                         (lambda cm: cm.step([0] * 8, 56), 48 * 8)):
+        colls = [[(i.fields["cop"], i.fields["n"]) for i in _ops(step(cm)) if i.op == "COLL"] for cm in cms]
+        assert all(c == colls[0] for c in colls) and len(colls[0]) == expect
+        assert {n for _, n in colls[0]} == {4 * cms[0].dS, 8}         # 4 tokens; one beat a card
+
+
+def test_split_program_interleaves_the_halves_in_their_orders(xl4):
+    """The cut step's program is the two halves' instructions (each Job as its MATVEC), each
+    half's in its own order, and the WLOADs."""
+    from host.compiler.emit import Emitter, split_at, split_program
+    _, cms = xl4
+    cm = cms[3]
+    batch = [(0, 64 + s, s) for s in range(8)]
+    a = split_at(cm, 8)
+    halves = []
+    for t0, n in ((0, a), (a, 8 - a)):
+        e = Emitter(cm, [0] * n, 0, batch=[(p, s) for _, p, s in batch[t0:t0 + n]], half=(t0, t0 == 0, 8))
+        e.items()
+        halves.append([encode("MATVEC", **x.fields) if isinstance(x, Job) else x for x in e.out])
+    prog = split_program(cm, [0] * 8, 0, batch=[(p, s) for _, p, s in batch])
+    merged = [w for w, i in zip(prog, _ops(prog), strict=True) if i.op not in ("WLOAD", "HALT")]
+    assert len(merged) == sum(map(len, halves))
+
+    def subsequence(xs):
+        it = iter(merged)
+        return all(any(x == y for y in it) for x in xs)
+
+    assert all(subsequence(h) for h in halves)
+
+
+def test_layer_norm_statistics_are_shared_out(xl4):
+    """With 8 tokens on 4 cards each card computes 2 tokens' LayerNorm statistics (two REDSUMs
+    each) and gathers the others' r: 4 a LayerNorm, 2 per layer, and the LM head's."""
+    _, cms = xl4
+    for prog in (cms[0].step_batch([(0, 64, s) for s in range(8)]), cms[1].step([0] * 8, 56)):
+        assert sum(1 for i in _ops(prog) if i.op == "VEC" and i.fields["vop"] == 11) in (48 * 2 * 4 + 4,
+                                                                                          48 * 2 * 4 + 2)
+    # one token: its own, on every card
+    assert sum(1 for i in _ops(cms[0].step([0], 64)) if i.op == "VEC" and i.fields["vop"] == 11) == 48 * 4 + 2
+
+
+def test_v_stores_follow_the_k_stores(xl4):
+    """In a step of several tokens a layer's K STOREs (W-element groups) all go out before its
+    V STOREs (L-element groups), which the scores' vector work spreads."""
+    cfg, _ = xl4
+    cm = CompiledModel(cfg, Gpt2(SHAPES["gpt2-xl"], None), card=0, cards=4, split=False)
+    kinds = ["K" if i.fields["lepg"] == 6 else "V" for i in _ops(cm.step([0] * 8, 56))
+             if i.op == "STORE" and not i.fields["f32"]]
+    assert kinds == (["K"] * 8 + ["V"] * 8) * 48
+
+
+def test_projections_fold_bias_and_residual_on_several_cards(xl4):
+    """On several cards a projection's partial sums carry the bias (card 1) and the residual
+    (card 0) and the collective writes x, in prefill too (an all-reduce); mlp.c_proj's second
+    part adds onto the first's sums in place (no buffer of its own, no addition)."""
+    cfg, _ = xl4
+    for card in (0, 1):
+        cm = CompiledModel(cfg, Gpt2(SHAPES["gpt2-xl"], None), card=card, cards=4, split=False)
+        ops = _ops(cm.step([0] * 8, 56))
+        assert {i.fields["dst"] for i in ops if i.op == "COLL" and i.fields["cop"] == 2} == {cm.plan.v_x}
+        assert not any(i.op == "VEC" and cm.plan.v_yb in (i.fields["src1"], i.fields["src2"]) for i in ops)
+        onto = [i for i in ops if i.op == "MATVEC" and i.fields["bias_en"]
+                and i.fields["bias"] == i.fields["dst"]]
+        assert len(onto) >= 48 and all(i.fields["btok"] for i in onto)

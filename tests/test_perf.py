@@ -175,6 +175,39 @@ def test_model_waits_for_write_after_read():
     assert times[1][1][2] < times[1][0][3]
 
 
+def test_collective_unit_takes_one_coll_at_a_time_and_trace_says_what_held_issue():
+    """Two COLLs that share no words: the second issues only once the first is done (the
+    collective unit takes one at a time); a VEC reading the last one's result is held by a
+    hazard on it, which the trace table names."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    prog = [encode("COLL", cop=0, src=0, dst=1024, n=64), encode("COLL", cop=0, src=2048, dst=4096, n=64),
+            encode("VEC", vop="EXP", dst=8192, src1=8192, n=64),
+            encode("VEC", vop="EXP", dst=8192, src1=8192, n=64), encode("HALT")]
+    r = perf.simulate(cfg, [prog, prog], trace=True)
+    (_, _, _, first_done), (_, _, second_at, _) = r["cards"][0]["trace"][:2]
+    assert second_at > first_done
+    rows = perf.trace_table([prog, prog], r)
+    assert rows[1]["held"] == "unit" and rows[1]["held_by"] == 0
+    assert rows[3]["held"] in ("hazard", "unit") and rows[3]["held_by"] == 2
+
+
+def test_vec_pipelined_what_if_overlaps_independent_passes_only():
+    """CardModel(vec_pipelined=True): the next VEC starts once the last has read its operands;
+    one that reads the last one's result still waits for it."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+
+    def cycles(prog, **kw):
+        return perf.simulate(cfg, [prog], **kw)["cycles"]
+
+    apart = [encode("VEC", vop="EXP", dst=4096 * k, src1=4096 * k + 1024, n=64) for k in range(4)]
+    chain = [encode("VEC", vop="EXP", dst=0, src1=0, n=64) for _ in range(4)]
+    halt = [encode("HALT")]
+    assert cycles(apart + halt, vec_pipelined=True) <= cycles(apart + halt) - 3 * perf.EXP_LAT
+    assert cycles(chain + halt, vec_pipelined=True) == cycles(chain + halt)
+
+
 def test_reuse_what_if_holds_a_tile_ceil_t_over_r_cycles():
     """The weight-reuse what-if (CardModel's ``reuse``): a MATVEC of 8 tokens over 64 tiles
     whose tiles are all in the FIFO holds each tile ceil(8 / R) cycles, so the matrix unit's

@@ -15,7 +15,7 @@ from hw.isa import INSN_BITS
 
 from ..errors import UserError
 from ..stripes import read_stripes, write_stripes
-from .emit import Emitter
+from .emit import Emitter, split_at, split_program
 from .image import build_image
 from .layout import GROUP, Dims, KvLayout, ParamLayout, param_align
 from .partition import Partition
@@ -83,10 +83,11 @@ class CompiledModel:
     """
 
     def __init__(self, cfg, model, *, card=0, cards=1, max_tokens=None, dump_hidden=False,
-                 all_logits=False, param_areas=None, streams=1):
+                 all_logits=False, param_areas=None, streams=1, split=True):
         self.cfg, self.sh = cfg, model.shape
         self.weights = model.weights      # None: a shapes-only compile (programs, no image)
         self.dump_hidden, self.all_logits = dump_hidden, all_logits
+        self.split = split       # steps of several tokens as two interleaved halves (split_at)
         sh, c = self.sh, cfg.core
         check_limits(cfg, sh)
         if not 1 <= streams <= c.limits.streams:
@@ -168,6 +169,8 @@ class CompiledModel:
         if pos0 + T > self.sh.n_positions:
             raise UserError(f"prompt: position {pos0 + T - 1} is beyond the model's context "
                             f"({self.sh.n_positions} positions)")
+        if split_at(self, T) is not None:
+            return split_program(self, list(tokens), pos0, stream=stream)
         return Emitter(self, list(tokens), pos0, stream=stream).program()
 
     def step_batch(self, batch):
@@ -184,8 +187,10 @@ class CompiledModel:
             if not 0 <= p < self.sh.n_positions:
                 raise UserError(f"prompt: position {p} is beyond the model's context "
                                 f"({self.sh.n_positions} positions)")
-        return Emitter(self, [t for t, _, _ in batch], 0,
-                       batch=[(p, s) for _, p, s in batch]).program()
+        toks, pairs = [t for t, _, _ in batch], [(p, s) for _, p, s in batch]
+        if split_at(self, B) is not None:
+            return split_program(self, toks, 0, batch=pairs)
+        return Emitter(self, toks, 0, batch=pairs).program()
 
     def kv_caches(self, layer, stream):
         """(first K row, first V row) of ``stream``'s caches of ``layer``."""

@@ -12,19 +12,23 @@ then places the WLOADs. The emitter reads a ``CompiledModel``'s public parts: it
 ``Dims``, ``Placement``, ``HbmLayout``, ``KvLayout`` and ``ParamLayout``.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 import numpy as np
 
-from hw.isa import ACC_DEPTH, encode
+from hw.isa import ACC_DEPTH, decode, encode
 
 from ..errors import UserError
 from .image import LayerRows
+from .interleave import Barrier, interleave
 from .layout import GROUP, round_up, stream_tiles
 from .schedule import Job, chunk_blocks, matrix_chunks, place_wloads
 
-__all__ = ["Emitter"]
+__all__ = ["Emitter", "split_program", "split_at"]
+# The LayerNorm statistics of several tokens shared out over the cards (Emitter._ln_stats);
+# False (a what-if) has every card compute every token's.
+SHARE_LN = True
 
 
 @dataclass
@@ -48,6 +52,11 @@ class _Layer:
         The program position from which the K tiles may stream: the chunk work after the one
         that STOREd the last token's K (a WLOAD right behind its STORE would hold in-order
         issue until the STORE is done).
+    v_later : list
+        Several tokens: their V STOREs, emitted among the scores' vector work instead of
+        after each token's c_attn chunk work (``_spread_v_stores``): the K STOREs, which the
+        K MATVECs wait for, go out first, and the store engine's queue does not hold in-order
+        issue through the tokens' chunk work.
     """
 
     index: int
@@ -57,6 +66,8 @@ class _Layer:
     k_stored: set = field(default_factory=set)
     v_stored: dict = field(default_factory=dict)
     k_wait: int | None = None
+    v_later: list = field(default_factory=list)
+    v_done: int = 0
 
 
 @dataclass
@@ -90,8 +101,17 @@ class Emitter:
     ``program()`` returns the instruction words, the WLOADs placed by ``place_wloads``: as
     early as their data allow and the weight FIFO holds, in MATVEC order."""
 
-    def __init__(self, cm, tokens, pos0, stream=0, batch=None):
+    def __init__(self, cm, tokens, pos0, stream=0, batch=None, half=None):
         self.sh, self.dims, self.b, self.hbm = cm.sh, cm.dims, cm.plan, cm.hbm
+        # half = (t0, lead, tokens of the whole step): one of the two halves of a step of
+        # ``split_program``: its tokens are the step's t0, t0 + 1, ...; the lead half (the
+        # first) loads what both read (the constants, the layers' parameters)
+        self.t0, self.lead, self.T_step = half if half is not None else (0, True, len(tokens))
+        if self.t0:
+            self.b = _shifted(cm.plan, cm.dims, self.t0, cm.part.cards, cm.cfg.link.data_bits // 32,
+                              cm.cfg.core.vector_lanes)
+        self.marks = []            # program positions of the ends of its parts (split_program)
+        self.param_loads = {}      # layer li -> the position of the LOAD of layer li + 1's parameters
         self.kv, self.params = cm.kv, cm.params
         self.card, self.cards = cm.part.card, cm.part.cards
         self.all_logits, self.dump_hidden = cm.all_logits, cm.dump_hidden
@@ -108,7 +128,7 @@ class Emitter:
         self.pos = [p for p, _ in batch] if batch else [pos0 + t for t in range(self.T)]
         self.streams = [s for _, s in batch] if batch else [stream] * self.T
         # decode: every token at its stream's last position (one token, or a batch): the
-        # causal mask is the K MATVECs' bias, the projections' sums start from the residual
+        # causal mask is the K MATVECs' bias, the projections' collective an all-gather
         self.decode = self.T == 1 or batch is not None
         self.out = []              # instruction words and Jobs
         self.kv_ready = 0          # K/V tiles may stream only after this position (their STOREs)
@@ -121,6 +141,8 @@ class Emitter:
         # q's rows go to XB as fp16 with their LayerNorm fix-up (for the K MATVECs) where they
         # start at a whole VSP word group; else a CVT16 pass converts them.
         self.q16 = self.dims.q_off % self.P == 0
+        self.r_at = {}             # token -> the VSP word of its LayerNorm's r, where shared
+        self.after_coll = 0        # the program position after the last projection's COLL
 
     # -- instructions ---------------------------------------------------------------------------
     def e(self, op, **f):
@@ -147,6 +169,7 @@ class Emitter:
 
     def mask(self, t):
         """VSP word of token t's causal mask (decode)."""
+        t += self.t0
         if t == 0:
             return self.b.v_mask
         return self.b.v_masks + (t - 1) * self.dims.nS
@@ -227,7 +250,7 @@ class Emitter:
     def ln_fixup(self, t, y, n, bias, x16=None):
         """y[0:n] = r y + bias[0:n], r token t's 1 / sqrt(var + eps) (ln_matvec). ``x16`` =
         (k, xdst): elements k.. also go to XB from xdst (fp16), for the next MATVEC."""
-        self.vec("MUL", y, y, n, src2=self.scalar(t, 1), bcast=1)
+        self.vec("MUL", y, y, n, src2=self.r_at.get(t, self.scalar(t, 1)), bcast=1)
         k, xdst = x16 if x16 is not None else (n, None)
         if k > 0:
             self.vec("ADD", y, y, k, src2=bias)
@@ -265,11 +288,20 @@ class Emitter:
                            defer_last=defer_last, tokens=len(toks), **kw)
 
     def _ln_stats(self, toks, before):
-        """The LayerNorm statistics up to the sum of squares (issued before the second chunk)."""
+        """The LayerNorm statistics up to the sum of squares (issued before the second chunk).
+
+        Several tokens on several cards (where the Placement has ``v_ln``): every card holds
+        the same x, so each card takes ceil(tokens / cards) of the tokens, card c the c-th
+        run of them, through to r = 1 / sqrt(var + eps), and an all-gather gives every card
+        every token's r (the same words: the same instructions on the same x), in ``r_at``."""
         b, dS, d = self.b, self.dims.dS, self.sh.d_model
         if before is not None:
             before()
-        for t in toks:
+        self.r_at = {}
+        share = self.cards > 1 and len(toks) > 1 and b.v_ln is not None and SHARE_LN
+        k = -(-len(toks) // self.cards)
+        mine = toks[self.card * k:(self.card + 1) * k] if share else toks
+        for i, t in enumerate(mine):
             x, sq = b.v_x + t * dS, b.v_a + t * dS
             s0 = self.scalar(t, 0)
             self.vec("REDSUM", s0, x, d)
@@ -277,16 +309,27 @@ class Emitter:
             self.vec("SUB", sq, x, d, src2=s0, bcast=1)
             self.vec("MUL", sq, sq, d, src2=sq)
             self.vec("REDSUM", self.scalar(t, 1), sq, d)
+            if share:
+                self._ln_r(t, b.v_ln + i * self.P)
+        if share:
+            blk = round_up(k * self.P, self.beat)
+            gathered = b.v_ln + round_up(k * self.P, self.beat)
+            self.e("COLL", cop=0, src=b.v_ln, dst=gathered, n=k * self.P)
+            self.r_at = {t: gathered + (j // k) * blk + (j % k) * self.P for j, t in enumerate(toks)}
+
+    def _ln_r(self, t, dst):
+        """r = 1 / sqrt(var + eps) of token t into ``dst`` (its sum of squares in slot 1)."""
+        s1 = self.scalar(t, 1)
+        self.vec("MUL", s1, s1, 1, src2=self.b.v_const, bcast=1)        # 1 / d
+        self.vec("ADD", s1, s1, 1, src2=self.b.v_const + 1, bcast=1)    # eps
+        self.vec("RSQRT", dst, s1, 1)
 
     def _ln_finish(self, toks, dst, dstride, bias, xq, then, j, r, n):
         """The fix-up of a finished chunk (rows r .. r + n of the MATVEC's token j), then
-        ``then``; with the first chunk, r = 1 / sqrt(var + eps) first."""
+        ``then``; with the first chunk, r = 1 / sqrt(var + eps) first (unless shared)."""
         t = toks[j]
-        if r == 0:      # the first chunk: r for this token, after the second chunk's issue
-            s1 = self.scalar(t, 1)
-            self.vec("MUL", s1, s1, 1, src2=self.b.v_const, bcast=1)        # 1 / d
-            self.vec("ADD", s1, s1, 1, src2=self.b.v_const + 1, bcast=1)    # eps
-            self.vec("RSQRT", s1, s1, 1)
+        if r == 0 and t not in self.r_at:   # the first chunk: r, after the second chunk's issue
+            self._ln_r(t, self.scalar(t, 1))
         x16 = None
         if xq is not None and r + n > xq[0]:
             k = max(xq[0] - r, 0)
@@ -297,6 +340,13 @@ class Emitter:
     # -- the step -------------------------------------------------------------------------------
     def program(self):
         """The step's instruction words."""
+        self.items()
+        self.e("HALT")
+        return place_wloads(self.out, self.fifo)
+
+    def items(self):
+        """The step's instructions and Jobs (``out``) but the HALT, the ends of its parts in
+        ``marks``: the embeddings, each layer's four (``layer``), the LM head."""
         b, sh, rows, dS, d = self.b, self.sh, self.hbm, self.dims.dS, self.sh.d_model
         # Embeddings and constants.
         # (the embeddings ahead of any weight tile in the read DMA's order: the first
@@ -306,7 +356,8 @@ class Emitter:
                 raise UserError(f"token id {tok} is outside the vocabulary (0..{sh.vocab - 1})")
             self.e("LOAD", vsp=b.v_x + t * dS, n=d, row=rows.wte_row + tok * rows.tok_rows)
             self.e("LOAD", vsp=b.v_y + t * dS, n=d, row=rows.wpe_row + self.pos[t] * rows.tok_rows)
-        self.e("LOAD", vsp=b.v_const, n=2, row=rows.const_row, f32=1)
+        if self.lead:
+            self.e("LOAD", vsp=b.v_const, n=2, row=rows.const_row, f32=1)
         if self.decode:
             # Decode: the causal mask is the K MATVECs' bias (scores past the position
             # become -inf as they are summed), built once for every layer and head (the MASK
@@ -320,11 +371,11 @@ class Emitter:
             self.vec("ADD", x, x, d, src2=b.v_y + t * dS, xdst=b.x_a + t * dS if self.x16_x else None)
         self.xa_ready = self.x16_x
         self.dump(0)
+        self.marks.append(len(self.out))
         for li, lr in enumerate(rows.layers):
             self.layer(li, lr)
         self.lm_head()
-        self.e("HALT")
-        return place_wloads(self.out, self.fifo)
+        self.marks.append(len(self.out))
 
     def dump(self, k):
         """With dump_hidden: the residual stream into hidden-state dump k."""
@@ -338,9 +389,13 @@ class Emitter:
         par = self.b.v_pars[li % 2]
         st = _Layer(li, lr, par, tuple(par + o for o in self.params.offsets))
         self.qkv(st)
+        self.marks.append(len(self.out))
         self.attention(st)
+        self.marks.append(len(self.out))
         self.projection([(lr.proj, 0)], self.b.x_att, self.dims.dq, st.biases[1])
-        if self.b.param_areas == 2:
+        # (the part ends with its COLL: the sums after it wait for it, and begin the next part)
+        self.marks.append(self.after_coll)
+        if self.b.param_areas == 2 and self.lead:
             # Into the other area, while this layer runs: here, where the weight FIFO is
             # full with c_fc's tiles and the read DMA would idle through the LayerNorm (a
             # LOAD fills the VSP at vector_lanes words a cycle; earlier in the layer it
@@ -350,10 +405,12 @@ class Emitter:
         if self.b.param_areas == 1:     # over this layer's, after their last use
             self.next_params(li)
         self.dump(li + 1)
+        self.marks.append(self.after_coll)
 
     def next_params(self, li):
         """LOAD layer li + 1's parameters (if any) into its area."""
         if li + 1 < len(self.hbm.layers):
+            self.param_loads[li] = len(self.out)
             self.e("LOAD", vsp=self.b.v_pars[(li + 1) % 2], n=self.params.length,
                    row=self.hbm.layers[li + 1].params, f32=1)
 
@@ -361,7 +418,8 @@ class Emitter:
         """Layer 0's parameters: c_attn's bias behind the first chunk's tiles (needed when that
         chunk is done), the rest later (``attention``); the other layers' come in the layer
         before. In decode, the causal mask too."""
-        self.e("LOAD", vsp=st.par, n=self.params.offsets[1], row=st.rows.params, f32=1)
+        if self.lead:
+            self.e("LOAD", vsp=st.par, n=self.params.offsets[1], row=st.rows.params, f32=1)
         self.w_ready = len(self.out)
         if self.decode:
             for t in range(self.T):
@@ -392,8 +450,12 @@ class Emitter:
         h0 = st.v_stored.get(t, 0)
         h1 = min(dims.H, max(0, r + n - dims.v_off) // dims.hvp)
         if h1 > h0:
-            self.e("STORE", vsp=b.v_qkv + t * dims.qS + dims.v_off + h0 * dims.hvp,
-                   n=(h1 - h0) * dims.hvp, **kv.v_store(vbase, p, h0))
+            store = encode("STORE", vsp=b.v_qkv + t * dims.qS + dims.v_off + h0 * dims.hvp,
+                           n=(h1 - h0) * dims.hvp, **kv.v_store(vbase, p, h0))
+            if self.T > 1:      # (later, among the scores' vector work: _spread_v_stores)
+                st.v_later.append(store)
+            else:
+                self.out.append(store)
             st.v_stored[t] = h1
 
     def attention(self, st):
@@ -423,8 +485,10 @@ class Emitter:
         self._rest_of_layer0_params(st)
         ns = cbv * W
         v_ready = []
+        spread = self._spread_v_stores(st, H * T)
         for h in range(H):
             for t in range(T):
+                next(spread)
                 s = b.v_sc + t * HN + h * sK
                 m = self.scalar(t, 4 + h)
                 if T > 1:
@@ -433,8 +497,10 @@ class Emitter:
                 self.vec("SUB", s, s, ns, src2=m, bcast=1)
             # Head h's V tiles stream from here: the V STOREs are done by now (earlier, in-order
             # issue would hold the K MATVECs behind WLOADs waiting for them), and spread over
-            # the heads, their WLOADs do not fill the read DMA's queue of four at once.
+            # the heads, their WLOADs do not fill the read DMA's queue of four at once. (Not
+            # before the last V STORE: the WLOAD of a tile must follow the STORE into it.)
             v_ready.append(len(self.out))
+        v_ready = [max(r, st.v_done) for r in v_ready]
         # The probabilities' normalization is deferred past p.V: the V MATVECs take the
         # unnormalized exp(s - max) (in (0, 1], as fp16) and give each head's sum of them
         # beside its output (the V rows of ones); one RECIP over the output from the first
@@ -447,6 +513,22 @@ class Emitter:
                         kv=kv.v_runs(vbase, h, positions, vgrp), tt=1)
         self._scale_heads()
 
+    def _spread_v_stores(self, st, steps):
+        """A generator to advance once before each of ``steps`` pieces of the scores' vector
+        work: it emits the deferred V STOREs (``_Layer.v_later``) spread evenly over them,
+        one every steps / stores, and sets ``st.v_done`` to the program position after the
+        last (the V tiles stream from there on)."""
+        later, st.v_later = st.v_later, []
+        st.v_done = len(self.out)
+        for i in range(steps):
+            for j, w in enumerate(later):
+                if j * steps // len(later) == i:
+                    self.out.append(w)
+                    st.v_done = len(self.out)
+            yield
+        while True:
+            yield
+
     def _q_to_xb(self):
         """q as fp16 into XB for the K MATVECs, where c_attn's fix-up did not put it there."""
         b, dims = self.b, self.dims
@@ -456,7 +538,7 @@ class Emitter:
 
     def _rest_of_layer0_params(self, st):
         """Layer 0's parameters after c_attn's bias (``_first_params``), behind the K MATVECs."""
-        if st.index == 0:
+        if st.index == 0 and self.lead:
             o = self.params.offsets[1]
             self.e("LOAD", vsp=st.par + o, n=self.params.length - o, row=st.rows.params + o * 4 // self.S,
                    f32=1)
@@ -498,13 +580,16 @@ class Emitter:
                             kv=kv.k_runs(caches[t][0], h, positions[t]), bias=self.mask(t))
         self._rest_of_layer0_params(st)
         v_ready = []
+        spread = self._spread_v_stores(st, H * T)
         for h in range(H):
             for t in range(T):
+                next(spread)
                 s = b.v_sc + t * HN + h * sK
                 m = self.scalar(t, 4 + h)
                 self.vec("REDMAX", m, s, cbv[t] * W)
                 self.vec("SUB", s, s, cbv[t] * W, src2=m, bcast=1)
             v_ready.append(len(self.out))
+        v_ready = [max(r, st.v_done) for r in v_ready]
         self.vec("EXP", b.v_sc, b.v_sc, T * HN, xdst=b.x_p)
         for h in range(H):
             self.kv_ready = v_ready[h]
@@ -565,53 +650,49 @@ class Emitter:
     def projection(self, parts, xb, xstride, bias, first=None):
         """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
         the residual follows each finished chunk; on several, every card holds a partial sum
-        in v_y: add them up over the ring, then the bias once, then the residual. In decode
-        the bias and the residual ride in the partial sums: card 0's MATVEC starts from x
-        (its bias operand; in a batch each token's own, MATVEC.btok), card 1's from the
-        bias, and the all-reduce writes the new x.
+        in v_y, and the bias and the residual ride in them: card 0's MATVEC starts from x
+        (its bias operand, each token's own: MATVEC.btok), card 1's from the bias, and the
+        collective writes the new x: in decode an all-gather and the sums in card order (where
+        its buffer fits), in prefill (and otherwise) an all-reduce, whose result the next
+        LayerNorm converts to fp16.
         ``parts``: (matrix, first input column) parts by columns, the first into v_y, a
-        second into v_yb, added up; ``first()`` is emitted after the first MATVEC."""
-        b, T, dS, d = self.b, self.T, self.dims.dS, self.sh.d_model
+        second into v_yb and added up (one card), or from v_y's sums on (several);
+        ``first()`` is emitted after the first MATVEC."""
+        b, T, dS = self.b, self.T, self.dims.dS
         assert len(parts) <= 2
         bufs = [b.v_y, b.v_yb]
         one = self.cards == 1
-        fold = not one and self.decode
-        if one:
-            first_bias = bias
-        else:
-            first_bias = {0: b.v_x, 1: bias}.get(self.card) if fold else None
-        btok = int(fold and self.card == 0)     # x: each token's own
+        first_bias = bias if one else {0: b.v_x, 1: bias}.get(self.card)
+        btok = int(not one and self.card == 0)     # x: each token's own
         x16 = self.x16_x
         for k, (mk, c0) in enumerate(parts):
             last = k == len(parts) - 1          # (its residuals write fp16(x) too)
-            self.matvec(mk, xb + c0, xstride, bufs[k], dS, bias=first_bias if k == 0 else None,
+            # On several cards the second part's sums start from the first's (its bias, each
+            # token's own, in place) instead of going to v_yb and an ADD over every token.
+            onto = k == 1 and not one
+            self.matvec(mk, xb + c0, xstride, bufs[0] if onto else bufs[k], dS,
+                        bias=first_bias if k == 0 else (b.v_y if onto else None),
                         then=partial(self.residual, y=bufs[k], to_xa=x16 and last) if one else None,
                         first=first if k == 0 else None, short_tail=one and last,
-                        btok=btok if k == 0 else 0)
-        self.xa_ready = x16 and not fold    # (a COLL writes x itself: ln_matvec converts it)
+                        btok=btok if k == 0 else int(onto))
+        self.xa_ready = x16 and one     # (a COLL writes x itself: ln_matvec converts it)
+        self.after_coll = len(self.out)
         if one:
             return
-        if len(parts) == 2:
-            self.vec("ADD", b.v_y, b.v_y, T * dS, src2=b.v_yb)
-        if fold and b.v_g is not None:
+        if self.decode and b.v_g is not None:
             # all-gather, then x = ((p0 + p1) + p2) + ... in card order, alike on every card;
             # the last addition writes fp16(x) for the next MATVEC. (A batch: every token's
             # partial sums in a card's block, in its own buffer.)
             g, blk = (b.v_g, b.g_blk) if self.batch is None else (b.v_gb, round_up(T * dS, self.beat))
             self.e("COLL", cop=0, src=b.v_y, dst=g, n=T * dS)
+            self.after_coll = len(self.out)
             for j in range(1, self.cards):
                 self.vec("ADD", b.v_x, g if j == 1 else b.v_x, T * dS, src2=g + j * blk,
                          xdst=b.x_a if x16 and j == self.cards - 1 else None)
             self.xa_ready = x16
             return
-        if fold:
-            self.e("COLL", cop=2, src=b.v_y, dst=b.v_x, n=T * dS)
-            return
-        self.e("COLL", cop=2, src=b.v_y, dst=b.v_y, n=T * dS)
-        for t in range(T):
-            y = b.v_y + t * dS
-            self.vec("ADD", y, y, d, src2=bias)
-        self.vec("ADD", b.v_x, b.v_x, T * dS, src2=b.v_y, xdst=b.x_a if x16 else None)
+        self.e("COLL", cop=2, src=b.v_y, dst=b.v_x, n=T * dS)
+        self.after_coll = len(self.out)
 
     def lm_head(self):
         """Final LayerNorm and the LM head (the token embedding, tied), the LayerNorm folded
@@ -623,6 +704,8 @@ class Emitter:
         head = rows.head
         if self.batch is not None:
             self.lm_head_batch()
+            return
+        if self.t0 + self.T < self.T_step:      # (a lead half: the step's last token is not its)
             return
         if self.all_logits:
             self.e("LOAD", vsp=b.v_hbias, n=dims.vS, row=rows.head_bias_row, f32=1)
@@ -637,14 +720,14 @@ class Emitter:
         now, a token's after another's), token j's stored at the batch's logits row j."""
         b, T, L, dims = self.b, self.T, self.LW, self.dims
         unit = int(np.lcm(L * GROUP, self.S // 4))
-        room = min(b.T * dims.H * dims.nS, b.T * dims.fS) // T     # words a token in each buffer
+        room = min(b.T * dims.H * dims.nS, b.T * dims.fS) // self.T_step   # words a token, each buffer
         hbias = b.v_hbias if isinstance(b.v_hbias, tuple) else (b.v_hbias,) * 2
         chunk = min(b.chunk or round_up(dims.vS, unit), room // unit * unit, round_up(dims.vS, unit))
         if chunk == 0:
             raise UserError(f"model: the LM head's logits of {T} streams do not fit in the "
                             f"buffers they share; allowed: fewer streams")
         self._head_chunks((b.v_sc, b.v_h), hbias, chunk, list(range(T)), round_up(chunk, self.P),
-                          self.hbm.batch_logits_row, self.hbm.logits_rows)
+                          self.hbm.batch_logits_row + self.t0 * self.hbm.logits_rows, self.hbm.logits_rows)
 
     def _head_chunks(self, bufs, hbias, chunk, toks, stride, row, row_stride):
         """The LM head by chunks of ``chunk`` logits, chunk k's in ``bufs[k % 2]`` with its bias
@@ -682,3 +765,116 @@ class Emitter:
     def _fix_store_logits(self, out, hb, j, r, rows):
         self.ln_fixup(out.toks[j], out.buf + j * out.stride + r, rows, hb + r)
         self._store_logits(out, j, r, rows)
+
+
+def _shifted(plan, dims, k, cards, beat, P):
+    """``plan`` for the second half of a split step (``split_program``): every per-token
+    buffer from the step's token k on (the half's token 0), and the second of the halves'
+    all-gather and LayerNorm buffers."""
+    f = dict(v_x=dims.dS, v_y=dims.dS, v_yb=dims.dS, v_a=dims.dS, v_qkv=dims.qS,
+             v_sc=dims.H * dims.nS, v_att=dims.aS, v_zinv=dims.aS, v_h=dims.fS,
+             v_scal=(4 + 2 * dims.H) * P, x_a=dims.dS, x_q=dims.dq, x_p=dims.H * dims.nS,
+             x_att=dims.dq, x_h=dims.fS)
+    new = {name: getattr(plan, name) + k * stride for name, stride in f.items()}
+    if plan.v_zinv == plan.v_sc:         # (in its own scores' buffer, as the first half's is)
+        new["v_zinv"] = new["v_sc"]
+    if plan.v_gb is not None:
+        new["v_gb"] = plan.v_gb + cards * round_up(k * dims.dS, beat)
+    new["v_ln"] = plan.v_ln2
+    return replace(plan, **new)
+
+
+def split_at(cm, T):
+    """Where a step of T tokens is cut in two by ``split_program``, or None: not cut. A step is
+    cut on several cards (where the collectives are) with two parameter areas, and not with
+    the hidden-state dumps or every token's logits; the first half takes a multiple of
+    core.reuse tokens (a weight tile meets R tokens a cycle: halves of ceil(T / 2) and the
+    rest would cost the matrix unit more cycles than the whole step), and both halves at
+    least two tokens."""
+    R = cm.cfg.core.reuse
+    a = min(T - 1, R * -(-T // (2 * R)))
+    if (cm.cards == 1 or cm.plan.param_areas != 2 or cm.dump_hidden or cm.all_logits or not cm.split
+            or a < 2 or T - a < 2):
+        return None
+    return a
+
+
+def split_program(cm, tokens, pos0, stream=0, batch=None):
+    """A step of several tokens as two halves whose instructions interleave, so that one
+    half's collectives and vector work run beside the other's MATVECs (in-order issue holds
+    an instruction behind a COLL's or a MATVEC's reader; the other half's work does not
+    read them). The halves are Emitters of the step's first ``split_at`` tokens and of the
+    rest, each its own buffers (the rest's the plan's from its first token on: ``_shifted``)
+    and each token computed as in the whole step (a MATVEC's tokens do not meet; the
+    LayerNorm statistics and the all-gather's sums are a token's own). With a batch, the
+    halves' streams; in prefill, the first half's positions then the second's (whose
+    attention reads the first's K and V: its STOREs come before, in the order below).
+
+    The order, by parts (``Emitter.items``: the embeddings, per layer Q = LayerNorm and
+    c_attn, T = attention, P = attn.c_proj and its collective, M = the MLP and its
+    collective; the LM head), the second half two parts behind the first:
+    a.pre b.pre | a.Q0 a.T0 a.P0 b.Q0 a.M0 b.T0 | a.Q1 b.P0 a.T1 b.M0 a.P1 b.Q1 a.M1 b.T1 |
+    ... | b.P(L-1) b.M(L-1) a.head b.head. The first half loads the next layer's parameters
+    in its P (after the second half's M of the layer before, the last to read that area);
+    every card has the same COLLs in the same order."""
+    T = len(tokens)
+    a = split_at(cm, T)
+    halves = []
+    for k, (t0, n) in enumerate(((0, a), (a, T - a))):
+        e = Emitter(cm, tokens[t0:t0 + n], pos0 + (t0 if batch is None else 0), stream=stream,
+                    batch=batch[t0:t0 + n] if batch is not None else None, half=(t0, k == 0, T))
+        e.items()
+        ends = e.marks
+        parts = [e.out[lo:hi] for lo, hi in zip([0] + ends[:-1], ends, strict=True)]
+        halves.append((e, parts, [0] + ends[:-1]))
+    L = len(cm.hbm.layers)
+    order = [(0, 0), (1, 0)]
+
+    def part(h, layer, stage):
+        return (h, 1 + 4 * layer + stage)
+
+    Q, A, P, M = range(4)
+    for li in range(L):
+        if li == 0:
+            order += [part(0, 0, Q), part(0, 0, A), part(0, 0, P), part(1, 0, Q), part(0, 0, M),
+                      part(1, 0, A)]
+        else:
+            order += [part(0, li, Q), part(1, li - 1, P), part(0, li, A), part(1, li - 1, M),
+                      part(0, li, P), part(1, li, Q), part(0, li, M), part(1, li, A)]
+    order += [part(1, L - 1, P), part(1, L - 1, M), (0, 1 + 4 * L), (1, 1 + 4 * L)]
+    assert sorted(order) == [(h, i) for h in range(2) for i in range(2 + 4 * L)]
+    # The COLLs in that order; the orders between the halves that their values depend on.
+    colls = []
+    for h, i in order:
+        e, parts, _ = halves[h]
+        colls += [h] * sum(1 for x in parts[i] if not isinstance(x, Job) and decode(x).op == "COLL")
+    count = [0, 0]
+    coll_order = []
+    for h in colls:
+        coll_order.append((h, count[h]))
+        count[h] += 1
+    (ea, pa, sa), (eb, pb, sb) = halves
+
+    def start(h, i):
+        return halves[h][2][i]
+
+    def end(h, i):
+        return halves[h][2][i] + len(halves[h][1][i])
+
+    bars = [Barrier(1, start(1, part(1, 0, Q)[1]), end(0, part(0, 0, A)[1]))]  # constants, layer 0's
+    for li, pos in ea.param_loads.items():       # layer li + 1's parameters, over layer li - 1's
+        bars.append(Barrier(1, start(1, part(1, li + 1, Q)[1]), pos + 1))
+        if li > 0:
+            bars.append(Barrier(0, pos, end(1, part(1, li - 1, M)[1])))
+    if batch is None:      # prefill: the second half's attention reads the first's K and V
+        bars += [Barrier(1, start(1, part(1, li, A)[1]), end(0, part(0, li, A)[1])) for li in range(L)]
+    bars.append(Barrier(1, start(1, 1 + 4 * L), end(0, 1 + 4 * L)))            # the LM heads' biases
+    merged, where = interleave(cm.cfg, [ea.out, eb.out], bars, coll_order)
+    half_of = {id(x): h for h, e in enumerate((ea, eb)) for x in e.out if isinstance(x, Job)}
+    out = []
+    for item in merged:
+        if isinstance(item, Job):     # (its earliest: a position in its half's items)
+            item = replace(item, earliest=where[half_of[id(item)]][item.earliest])
+        out.append(item)
+    out.append(encode("HALT"))
+    return place_wloads(out, cm.cfg.core.weight_fifo_tiles)

@@ -167,6 +167,11 @@ class Placement:
     v_gb : int or None
         With streams > 1 and the all-gather: its buffer for a batch (every token's partial
         sums, a card's block of ``round_up(streams dS, beat)`` words).
+    v_ln : int or None
+        Several cards and tokens: the LayerNorm's r of this card's share of a step's tokens
+        (``round_up(ceil(T / cards) P, beat)`` words), then every card's, gathered.
+    v_ln2 : int or None
+        The same for the second half of a split step (``emit.split_program``).
     """
 
     T: int
@@ -198,6 +203,8 @@ class Placement:
     streams: int = 1
     v_masks: int | None = None
     v_gb: int | None = None
+    v_ln: int | None = None
+    v_ln2: int | None = None
 
 
 @dataclass(frozen=True)
@@ -207,13 +214,13 @@ class NoRoom:
     message: str
 
 
-def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None, streams=1):
+def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None, streams=1, ln=None):
     """The Placement of candidate ``cand`` for a share of dims ``dims``, or NoRoom.
 
     ``gather``: decode's all-gather buffer (several cards only) is placed if it fits (None),
-    must be (True) or is not (False). ``streams`` > 1: a decode batch's buffers are placed
-    after everything else (so that a stream's steps use the same buffers as without a batch:
-    the same programs, the same arithmetic)."""
+    must be (True) or is not (False); so is the LayerNorm's buffer (``ln``). ``streams`` > 1:
+    a decode batch's buffers are placed after everything else (so that a stream's steps use
+    the same buffers as without a batch: the same programs, the same arithmetic)."""
     c, P, T, d = cfg.core, cfg.core.vector_lanes, cand.T, shape.d_model
     B = cfg.link.data_bits // 32                    # a COLL beat, words
     v = Allocator(c.vsp_words, P, "VSP", "vsp_words",
@@ -266,6 +273,15 @@ def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None, streams=1):
     b["x_h"] = xb(T * dims.fS)
     if xb.short:
         return NoRoom(xb.shortage)
+    # The LayerNorm statistics of a step's tokens shared out over the cards (Emitter._ln_stats):
+    # a card's r's, then every card's, a COLL beat block each (optional: without, every card
+    # computes every token's).
+    # (And the same for a split step's second half: emit.split_program.)
+    n = round_up(-(-T // cards) * P, B) * (cards + 1)
+    b["v_ln"] = b["v_ln2"] = None
+    if cards > 1 and T > 1 and ln is not False:
+        b["v_ln"] = v(2 * n, optional=ln is None)
+        b["v_ln2"] = b["v_ln"] + n if b["v_ln"] is not None else None
     b["streams"] = streams
     if streams > 1:
         b["v_masks"] = v((streams - 1) * dims.nS)
@@ -319,11 +335,11 @@ def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, par
                         f"at most {cand.T} streams")
     if streams > 1:
         plan = place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits, streams=streams,
-                     gather=plan.v_g is not None)
+                     gather=plan.v_g is not None, ln=plan.v_ln is not None)
         if isinstance(plan, NoRoom):
             raise UserError(plan.message)
     own = place(cfg, shape, mine, cand, cards=cards, all_logits=all_logits, gather=plan.v_g is not None,
-                streams=streams)
+                streams=streams, ln=plan.v_ln is not None)
     if isinstance(own, NoRoom):         # (a smaller share fits where the largest did)
         raise UserError(own.message)
     return own

@@ -120,12 +120,13 @@ def test_rtl_matches_iss_32_steps(demo):
     _rtl_vs_iss(demo, 32)
 
 
-def _rtl_ring_vs_iss(demo, cards, steps):
-    """The demo model split over ``cards`` Verilated cards joined by link models, against the
-    same split on the ISS ring: identical tokens, bit-identical logits, the same HBM and link
-    traffic."""
+def _rtl_ring_vs_iss(demo, cards, steps, cfg=None):
+    """The demo model split over ``cards`` Verilated cards joined by link models (``cfg``'s,
+    else the demo's), against the same split on the ISS ring: identical tokens,
+    bit-identical logits, the same HBM and link traffic."""
     from host.runtime import make_cards
-    cfg, model, tok = demo
+    dcfg, model, tok = demo
+    cfg = cfg or dcfg
     ids = tok.encode(PROMPT)
     runs = [generate(cfg, make_cards(cfg, model, b, cards), None, ids, steps, keep_logits=True)
             for b in ("iss", "rtl")]
@@ -133,16 +134,28 @@ def _rtl_ring_vs_iss(demo, cards, steps):
     assert t0 == t1
     assert np.array_equal(l0.view(np.uint32), l1.view(np.uint32))
     f0, f1 = s0.summary(cfg), s1.summary(cfg)
-    assert f1["link_bytes_per_token"] == f0["link_bytes_per_token"] > 0
-    assert f1["hbm_bytes_per_token"] == f0["hbm_bytes_per_token"]
+    assert f1["link_bytes_per_token"] == f0["link_bytes_per_token"]
+    assert (f1["link_bytes_per_token"] > 0) == (cards > 1)
+    assert f1["hbm_bytes_per_token"] == f0["hbm_bytes_per_token"] > 0
     assert f1["decode_cycles_per_token"] > 0
-    print(f"{cards} RTL cards: {f1['decode_cycles_per_token']} decode cycles/token, "
-          f"HBM utilization {f1['hbm_utilization_decode']}")
+    print(f"{cfg.name}, {cards} RTL card(s): {f1['prefill_cycles_per_token']} prefill and "
+          f"{f1['decode_cycles_per_token']} decode cycles per token, HBM utilization "
+          f"{f1['hbm_utilization_decode']}")
 
 
 @pytest.mark.rtl
 def test_rtl_ring_matches_iss(demo):
     _rtl_ring_vs_iss(demo, 2, 8)
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("cards", [1, 2])
+def test_rtl_int8_matches_iss(demo, cards):
+    """The demo model with int8 weights (configs/tiny-int8.yaml, quantized by the compiler)
+    on 1 and 2 Verilated cards: the same tokens and bit-identical logits as the ISS, the same
+    HBM traffic (tests/test_int8.py has the rest of int8)."""
+    _rtl_ring_vs_iss(demo, cards, 6,
+                     cfg=load_config(ROOT / "configs" / "tiny-int8.yaml").replace(cards=cards))
 
 
 @pytest.mark.soak

@@ -349,12 +349,30 @@ def _wrapper(mutants, name, select=None):
             f"  {mutants.module} dut({conns});\nendmodule\n")
 
 
+def _child(code, cwd, log_dir, timeout, **env):
+    """Python ``code`` in a process (and session) of its own in ``cwd``, the project on its
+    path and ``env`` added to its environment; past ``timeout`` s its whole group is killed.
+    Returns (exit code, output), the output also written to ``log_dir``/run.log; or (None,
+    "timeout after ... s")."""
+    import os
+    import signal
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), **env))
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, f"timeout after {timeout} s"
+    (Path(log_dir) / "run.log").write_text(out)
+    return proc.returncode, out
+
+
 def _run_one(build_dir, top, test_module, env, k, test_dir, timeout):
     """One cocotb run of ``test_module`` on mutant ``k``, in a process of its own (a mutant may
     hang the testbench: past ``timeout`` s it counts as killed). Returns None if every test
     passed, else a message."""
-    import os
-    import signal
     code = ("import sys; from pathlib import Path; from sim.cocotb_run import ROOT\n"
             "from sim.toolchain import apply_verilator_env; apply_verilator_env()\n"
             "from cocotb_tools.runner import get_runner\n"
@@ -366,16 +384,9 @@ def _run_one(build_dir, top, test_module, env, k, test_dir, timeout):
             f" plusargs=['+mutsel={k}'], results_xml=str(td / 'results.xml'))\n"
             "n, bad = get_results(td / 'results.xml')\n"
             "print('MUTRESULT', n, bad)\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return f"timeout after {timeout} s"
-    (Path(test_dir) / "run.log").write_text(out)
+    rc, out = _child(code, ROOT, test_dir, timeout)
+    if rc is None:
+        return out
     m = re.search(r"^MUTRESULT (\d+) (\d+)$", out, re.M)
     if m is None:
         return "the run ended without results"
@@ -486,8 +497,6 @@ def _run_pytest(lib, k, run_dir, timeout):
     sim.fabric.build_fabric's), in a process of its own in ``run_dir`` (where the wrapper
     reads ``mutsel.txt``), stopping at the first failure; past ``timeout`` s it counts as
     killed. Returns None if every test passed, else a message."""
-    import os
-    import signal
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "mutsel.txt").write_text(f"{k}\n")
@@ -496,24 +505,16 @@ def _run_pytest(lib, k, run_dir, timeout):
     code = ("import sys; from pathlib import Path\nimport pytest\nimport sim.fabric\n"
             f"sim.fabric.build_fabric = lambda params, log=None: Path({str(lib)!r})\n"
             f"sys.exit(pytest.main({args!r}))\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=run_dir, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT),
-                                     GPTFPGA_SEED=str(VECTOR_SEED)))
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return f"timeout after {timeout} s"
-    (run_dir / "run.log").write_text(out)
-    if proc.returncode == 0:
+    rc, out = _child(code, run_dir, run_dir, timeout, GPTFPGA_SEED=str(VECTOR_SEED))
+    if rc is None:
+        return out
+    if rc == 0:
         return None
-    if proc.returncode == 1:
+    if rc == 1:
         m = re.search(r"^FAILED \S*?([^/\s]+::\S+)", out, re.M)
         e = re.search(r"^E +(.*)$", out, re.M)
         return f"failed: {m.group(1) if m else 'a test'}: {e.group(1)[:100] if e else ''}"
-    return f"pytest ended with code {proc.returncode}"
+    return f"pytest ended with code {rc}"
 
 
 def run_link(*, n=100, timeout=300):

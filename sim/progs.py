@@ -11,7 +11,7 @@ import numpy as np
 from hw.isa import ACC_DEPTH, encode
 
 __all__ = ["Layout", "ProgramGen", "random_hbm", "write_image", "snapshot", "compare_runs",
-           "covered", "random_programs"]
+           "covered", "fresh_pair", "random_programs"]
 
 
 class Layout:
@@ -117,15 +117,22 @@ def covered(prog):
     return out
 
 
-def random_programs(cfg, rtl, seed, n):
-    """``n`` random valid programs on a new ISS and on the card ``rtl`` (from a new random
-    image), each compared (``compare_runs``; AssertionError naming the program and the seed),
-    each ending with status OK; returns what they covered (``covered``)."""
+def fresh_pair(cfg, rtl, seed):
+    """A new ISS beside the card ``rtl``, both given the random image of ``seed``: (the
+    Layout, the seeded generator that drew the image, the ISS)."""
     from sim.ref.iss import IssDevice
     lay = Layout(cfg)
     rng = np.random.default_rng(seed)
     iss = IssDevice(cfg)
     write_image(cfg, lay, random_hbm(cfg, rng, lay), (iss, rtl))
+    return lay, rng, iss
+
+
+def random_programs(cfg, rtl, seed, n):
+    """``n`` random valid programs on a new ISS and on the card ``rtl`` (from a new random
+    image), each compared (``compare_runs``; AssertionError naming the program and the seed),
+    each ending with status OK; returns what they covered (``covered``)."""
+    lay, rng, iss = fresh_pair(cfg, rtl, seed)
     gen = ProgramGen(cfg, rng, lay)
     ops = set()
     for k in range(n):

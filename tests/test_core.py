@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from hw.isa import ERROR_CODES, encode
-from sim.progs import Layout, ProgramGen, compare_runs, random_hbm, random_programs, snapshot, write_image
-from sim.ref.iss import IssDevice
+from sim.progs import ProgramGen, compare_runs, fresh_pair, random_programs, snapshot
 
 N_PROGRAMS = 200
 
@@ -21,10 +20,7 @@ def rtl_card(cfg_path):
 
 def _pair(rtl_card, seed):
     cfg, rtl = rtl_card
-    lay = Layout(cfg)
-    rng = np.random.default_rng(seed)
-    iss = IssDevice(cfg)
-    write_image(cfg, lay, random_hbm(cfg, rng, lay), (iss, rtl))
+    lay, rng, iss = fresh_pair(cfg, rtl, seed)
     return cfg, lay, rng, iss, rtl
 
 

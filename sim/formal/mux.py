@@ -115,6 +115,16 @@ class _MuxHarness(wiring.Component):
         members.update(env)
         super().__init__(members)
 
+    def _dut(self, m):
+        """The mux under test in ``m``, each manager port driven by the harness's own: (the
+        mux, its managers' ports)."""
+        m.submodules.dut = dut = self._mux(self._sig, managers=self._M, depth=self._depth)
+        no_reset(m)
+        mgr = [getattr(self, f"m{i}") for i in range(self._M)]
+        for i, p in enumerate(mgr):
+            wiring.connect(m, wiring.flipped(p), getattr(dut, f"m{i}"))
+        return dut, mgr
+
 
 class ReadMuxHarness(_MuxHarness):
     """``AxiReadMux`` of ``managers`` managers and an order FIFO of ``depth``, each manager
@@ -131,12 +141,8 @@ class ReadMuxHarness(_MuxHarness):
     def elaborate(self, platform):
         m = Module()
         M, K, bb = self._M, self._mo, self._bb
-        m.submodules.dut = dut = self._mux(self._sig, managers=M, depth=self._depth)
-        no_reset(m)
+        dut, mgr = self._dut(m)
         s = dut.s
-        mgr = [getattr(self, f"m{i}") for i in range(M)]
-        for i, p in enumerate(mgr):
-            wiring.connect(m, wiring.flipped(p), getattr(dut, f"m{i}"))
         bus = read_manager(m, s, self, beat_bytes=bb, max_burst=self._mb,
                            max_outstanding=M * K, name="s_ar")
         fields = ("araddr", "arlen", "arsize", "arburst", "arid")
@@ -250,12 +256,8 @@ class WriteMuxHarness(_MuxHarness):
     def elaborate(self, platform):
         m = Module()
         M, K, bb = self._M, self._mo, self._bb
-        m.submodules.dut = dut = self._mux(self._sig, managers=M, depth=self._depth)
-        no_reset(m)
+        dut, mgr = self._dut(m)
         s = dut.s
-        mgr = [getattr(self, f"m{i}") for i in range(M)]
-        for i, p in enumerate(mgr):
-            wiring.connect(m, wiring.flipped(p), getattr(dut, f"m{i}"))
         write_manager(m, s, self, beat_bytes=bb, max_burst=self._mb, max_outstanding=M * K,
                       name="s_aw")
         aw_fields = ("awaddr", "awlen", "awsize", "awburst", "awid")

@@ -109,6 +109,12 @@ class CoreConfig:
     weight_fifo_tiles: int = _spec(int, "weight FIFO depth in tiles (prefetch ahead of the MPU)",
                                    lo=16, hi=1 << 16, pow2=True)
     limits: LimitsConfig = _spec(LimitsConfig, "largest model the build supports")
+    # The vector unit's special-function units (EXP, RECIP, RSQRT, GELU: most of a lane's
+    # LUTs) each serve this many lanes in turn, so a row of those operations takes that many
+    # cycles; the other operations keep a row a cycle (docs/performance.md).
+    special_share: int = _spec(int, "vector lanes sharing one special-function unit "
+                               "(EXP, RECIP, RSQRT, GELU take that many cycles a row)",
+                               lo=1, hi=64, pow2=True, default=1)
     # Matrix unit v2's weight reuse (docs/performance.md): R token vectors meet each weight
     # tile in one cycle, so a MATVEC over T tokens takes ceil(T / R) cycles per tile.
     reuse: int = _spec(int, "token vectors that meet each weight tile per cycle (R)",
@@ -204,6 +210,10 @@ class ApplianceConfig:
             raise ConfigError(
                 f"core.vector_lanes: got {self.core.vector_lanes}; allowed: a divisor of "
                 f"core.lanes ({self.core.lanes})")
+        if self.core.vector_lanes % self.core.special_share:
+            raise ConfigError(
+                f"core.special_share: got {self.core.special_share}; allowed: a divisor of "
+                f"core.vector_lanes ({self.core.vector_lanes})")
         seg = self.core.vsp_words // self.core.vsp_segments
         if seg < 4 * self.core.vector_lanes:
             raise ConfigError(

@@ -60,6 +60,9 @@ EXP_LAT, RECIP_LAT, RSQRT_LAT, GELU_LAT = 66, 42, 50, 141
 VOP_LAT = {"ADD": ADD_LAT, "SUB": ADD_LAT, "MUL": MUL_LAT, "MAX": MAX_LAT, "MOV": 1, "MASK": 1,
            "EXP": EXP_LAT, "RECIP": RECIP_LAT, "RSQRT": RSQRT_LAT, "GELU": GELU_LAT,
            "CVT16": CVT_LAT, "REDSUM": ADD_LAT, "REDMAX": MAX_LAT}
+# Operations on the special-function units, which core.special_share lanes take turns on
+# (hw/core/vpu_lanes.SPECIAL_VOPS; tests/test_perf.py checks them).
+SPECIAL_VOPS = ("EXP", "RECIP", "RSQRT", "GELU")
 SCOREBOARD = 8
 FETCH_CHUNK, FETCH_DEPTH = 16, 32
 DMA_RD_QUEUE = 4
@@ -164,6 +167,8 @@ class CardModel:
         if (f["vop"] in BINARY_VOPS and not f["bcast"] and f["src1"] != f["src2"]
                 and self._same_seg(f["src1"], f["src2"])):
             rows *= 2                        # both operands through one segment's read port
+        if name in SPECIAL_VOPS:
+            rows *= self.cfg.core.special_share   # lanes take turns on a special unit
         return rows + lat + o.vec_pass + extra + (CVT_LAT if f["x16"] else 0)
 
     def _store_beats(self, f):

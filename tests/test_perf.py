@@ -29,11 +29,12 @@ def test_constants_are_the_rtls():
     from hw.arith.dot import DotArray
     from hw.arith.special import Exp, Gelu, Recip, Rsqrt
     from hw.arith.units import Fp32Add, Fp32Max, Fp32Mul, Fp32ToFp16
-    from hw.core import dma, fetch, issue, wfifo
+    from hw.core import dma, fetch, issue, vpu_lanes, wfifo
     assert (perf.ADD_LAT, perf.MUL_LAT, perf.MAX_LAT, perf.CVT_LAT) == (
         Fp32Add.LATENCY, Fp32Mul.LATENCY, Fp32Max.LATENCY, Fp32ToFp16.LATENCY)
     assert (perf.EXP_LAT, perf.RECIP_LAT, perf.RSQRT_LAT, perf.GELU_LAT) == (
         Exp.LATENCY, Recip.LATENCY, Rsqrt.LATENCY, Gelu.LATENCY)
+    assert set(perf.SPECIAL_VOPS) == set(vpu_lanes.SPECIAL_VOPS)
     for w in (2, 4, 16, 32, 64, 256):
         assert perf.dot_latency(w) == DotArray.latency(w), w
     assert perf.SCOREBOARD == issue.ENTRIES

@@ -114,7 +114,8 @@ class Card(wiring.Component):
                                        vsp_rows=rows, xb_words=c.xb_words, channels=C,
                                        reuse=c.reuse, int8=c.weight_dtype == "int8")
         m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
-                                       width=c.width, red_max=cfg.reduce_max)
+                                       width=c.width, red_max=cfg.reduce_max,
+                                       special_share=c.special_share)
         ring = ["coll"] if self.ring else []
         m.submodules.vsp = u.vsp = Vsp(words=c.vsp_words, lanes=P, segments=c.vsp_segments,
                                        readers=["vpu_a", "vpu_b", "mpu", "store"] + ring,

@@ -44,6 +44,9 @@ class Vpu(wiring.Component):
         XB's fp16 words, and its words per row.
     red_max : int
         The longest reduction (the scratch holds half its rows).
+    special_share : int
+        Lanes per special-function unit (EXP, RECIP, RSQRT, GELU): a row of those takes that
+        many cycles (``VpuLanes``).
 
     Members
     -------
@@ -55,8 +58,8 @@ class Vpu(wiring.Component):
     xb : ``Out(XbWrite)``
     """
 
-    def __init__(self, *, lanes, vsp_rows, xb_words, width, red_max):
-        self.P = lanes
+    def __init__(self, *, lanes, vsp_rows, xb_words, width, red_max, special_share=1):
+        self.P, self.S = lanes, special_share
         self.row_bits = (vsp_rows - 1).bit_length()
         self.W = width
         self.xb_row_bits = max(1, (xb_words // width - 1).bit_length())
@@ -77,8 +80,8 @@ class Vpu(wiring.Component):
         P, rb, sr = self.P, self.row_bits, self.scratch_rows
         m.submodules.seq = seq = VpuSequencer(lanes=P, row_bits=rb)
         m.submodules.fetch = fetch = OperandFetch(lanes=P, row_bits=rb, scratch_rows=sr)
-        m.submodules.feed = feed = LaneFeed(lanes=P, row_bits=rb)
-        m.submodules.lanes = lanes = VpuLanes(lanes=P)
+        m.submodules.feed = feed = LaneFeed(lanes=P, row_bits=rb, share=self.S)
+        m.submodules.lanes = lanes = VpuLanes(lanes=P, share=self.S)
         m.submodules.wb = wb = VpuWriteback(lanes=P, row_bits=rb, width=self.W,
                                             xb_row_bits=self.xb_row_bits, scratch_rows=sr)
         m.submodules.scratch = scratch = Memory(shape=32 * P, depth=sr, init=[])
@@ -100,7 +103,8 @@ class Vpu(wiring.Component):
         wiring.connect(m, fetch.s_b, scratch.read_port(transparent_for=()))
         wiring.connect(m, fetch.a, feed.a)
         wiring.connect(m, fetch.b, feed.b)
-        m.d.comb += [lanes.feed.eq(feed.feed), lanes.utype.eq(seq.utype), lanes.a.eq(feed.oa),
+        m.d.comb += [lanes.feed.eq(feed.feed), lanes.phase.eq(feed.phase),
+                     lanes.utype.eq(seq.utype), lanes.a.eq(feed.oa),
                      lanes.b.eq(feed.ob), lanes.masked.eq(feed.masked)]
 
         # Results.

@@ -11,7 +11,7 @@ from hw.isa import VOPS
 from hw.stream import ReadAhead
 
 from .cmds import VecCmd
-from .vpu_lanes import NEG_INF, NEG_ZERO
+from .vpu_lanes import NEG_INF, NEG_ZERO, SPECIAL_VOPS
 from .vpu_seq import ROW_COUNT_BITS, BMode, pass_layout
 from .vsp import ReadPort, word_select
 
@@ -120,7 +120,9 @@ class OperandFetch(wiring.Component):
 
 
 class LaneFeed(wiring.Component):
-    """A row of operands into the lanes each cycle both operands are there.
+    """A row of operands into the lanes each cycle both operands are there; a row of a special
+    operation (EXP, RECIP, RSQRT, GELU) over ``share`` cycles, one phase each, the row popped
+    with its last.
 
     Forms each lane's operands for the pass: a reduction's first pass gives the lanes past
     ``n`` the identity (-0 for a sum, -inf for a max), a fold pairs lane j with lane j + fw/2,
@@ -129,6 +131,8 @@ class LaneFeed(wiring.Component):
     Parameters
     ----------
     lanes, row_bits : int
+    share : int
+        Lanes per special-function unit (``VpuLanes``).
 
     Members
     -------
@@ -140,32 +144,50 @@ class LaneFeed(wiring.Component):
     a, b : ``In(stream.Signature(32 * lanes))``
         Operand rows (``OperandFetch``); b only where the row needs it.
     feed : ``Out(1)``
-        A row goes into the lanes (both FIFOs popped as needed).
+        A row (a phase of one) goes into the lanes (both FIFOs popped as needed with a row's
+        last phase).
+    phase : ``Out(range(share))``
+        The phase ``feed`` carries (0 but for special operations).
     oa, ob : ``Out(32 * lanes)``
         The lanes' operands, combinational on the FIFOs' outputs.
     masked : ``Out(lanes)``
         MASK: the lane's element is past k.
     """
 
-    def __init__(self, *, lanes, row_bits):
-        self._lanes = lanes
+    def __init__(self, *, lanes, row_bits, share=1):
+        self._lanes, self._share = lanes, share
         super().__init__({
             "pas": In(pass_layout(row_bits, lanes)), "is_red": In(1), "running": In(1),
             "start": In(1), "vec": In(VecCmd), "bval": In(32),
             "a": In(stream.Signature(32 * lanes)), "b": In(stream.Signature(32 * lanes)),
-            "feed": Out(1), "oa": Out(32 * lanes), "ob": Out(32 * lanes), "masked": Out(lanes),
+            "feed": Out(1), "phase": Out(range(share)),
+            "oa": Out(32 * lanes), "ob": Out(32 * lanes), "masked": Out(lanes),
         })
 
     def elaborate(self, platform):
         m = Module()
         P, pas, vec = self._lanes, self.pas, self.vec
         lbits = max(1, (P - 1).bit_length())      # bits of a lane index
+        S = self._share
         fi = Signal(ROW_COUNT_BITS)                           # row of the pass fed next
         bn = b_needed(pas, self.is_red, fi)
-        m.d.comb += [self.feed.eq(self.running & (fi < pas.out_rows) & self.a.valid
-                                  & (~bn | self.b.valid)),
-                     self.a.ready.eq(self.feed), self.b.ready.eq(self.feed & bn)]
-        with m.If(self.feed):
+        m.d.comb += self.feed.eq(self.running & (fi < pas.out_rows) & self.a.valid
+                                 & (~bn | self.b.valid))
+        # A special operation's row stays at the FIFOs' heads for its share phases (unary:
+        # operand a only; the phases are consecutive cycles, a.valid staying high).
+        last = Signal()
+        if S > 1:
+            special = Signal()
+            m.d.comb += [special.eq(vec.vop.matches(*(V[op] for op in SPECIAL_VOPS))),
+                         last.eq(~special | (self.phase == S - 1))]
+            with m.If(self.feed & special):
+                m.d.sync += self.phase.eq(Mux(self.phase == S - 1, 0, self.phase + 1))
+            with m.If(self.start):
+                m.d.sync += self.phase.eq(0)
+        else:
+            m.d.comb += last.eq(1)
+        m.d.comb += [self.a.ready.eq(self.feed & last), self.b.ready.eq(self.feed & bn & last)]
+        with m.If(self.feed & last):
             m.d.sync += fi.eq(fi + 1)
         with m.If(self.start):
             m.d.sync += fi.eq(0)

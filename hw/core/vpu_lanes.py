@@ -160,7 +160,7 @@ class VpuLanes(wiring.Component):
     -------
     feed : ``In(1)``
         A row of operands (a phase of one, for a special type) enters the lanes.
-    phase : ``In(range(share))``
+    phase : ``In(max(1, ceil(log2(share))))``
         Which phase of the row ``feed`` carries (0 for the other types).
     utype : ``In(range(len(UNIT_TYPES)))``
     a, b : ``In(32 * lanes)``
@@ -180,7 +180,7 @@ class VpuLanes(wiring.Component):
             raise ValueError(f"share: got {share}; allowed: a divisor of lanes ({lanes})")
         self._lanes, self._share = lanes, share
         super().__init__({
-            "feed": In(1), "phase": In(range(share)), "utype": In(range(len(UNIT_TYPES))),
+            "feed": In(1), "phase": In(max(1, (share - 1).bit_length())), "utype": In(range(len(UNIT_TYPES))),
             "a": In(32 * lanes), "b": In(32 * lanes), "masked": In(lanes),
             "o": Out(32 * lanes), "valid": Out(1),
         })

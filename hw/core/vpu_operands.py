@@ -146,7 +146,7 @@ class LaneFeed(wiring.Component):
     feed : ``Out(1)``
         A row (a phase of one) goes into the lanes (both FIFOs popped as needed with a row's
         last phase).
-    phase : ``Out(range(share))``
+    phase : ``Out(max(1, ceil(log2(share))))``
         The phase ``feed`` carries (0 but for special operations).
     oa, ob : ``Out(32 * lanes)``
         The lanes' operands, combinational on the FIFOs' outputs.
@@ -160,7 +160,7 @@ class LaneFeed(wiring.Component):
             "pas": In(pass_layout(row_bits, lanes)), "is_red": In(1), "running": In(1),
             "start": In(1), "vec": In(VecCmd), "bval": In(32),
             "a": In(stream.Signature(32 * lanes)), "b": In(stream.Signature(32 * lanes)),
-            "feed": Out(1), "phase": Out(range(share)),
+            "feed": Out(1), "phase": Out(max(1, (share - 1).bit_length())),
             "oa": Out(32 * lanes), "ob": Out(32 * lanes), "masked": Out(lanes),
         })
 

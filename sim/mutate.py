@@ -233,22 +233,9 @@ def prove_step_equivalent(mutants, k, *, timeout=600):
     wd = mutants.workdir
     if k and re.search(r"-port (\S+)", mutants.mutations[k - 1]).group(1) in _CLOCK_PORTS:
         return False
-    ports = [(p, w, d) for p, (w, d) in mutants.ports.items() if p != "mutsel"]
-    decl = ", ".join(f"{d} [{w - 1}:0] {p}" for p, w, d in ports)
-    text = []
-    for name, sel in (("step_gold", 0), ("step_gate", k)):
-        conns = ", ".join([f".mutsel({mutants.sel_bits}'d{sel})"] + [f".{p}({p})" for p, _, _ in ports])
-        text.append(f"module {name}({decl});\n  {mutants.module} dut({conns});\nendmodule\n")
-    (wd / f"step_{k}.v").write_text("".join(text))
     try:
-        run_yosys(f"read_rtlil mutated.il\nread_verilog step_{k}.v\nsetattr -mod -unset top\nflatten\n"
-                  f"delete {mutants.module}\nasync2sync\ndffunmap\n"
-                  f"write_rtlil step_{k}.il\n", wd, f"step_{k}.log", timeout=timeout)
-        try:
-            cut = _cut_state((wd / f"step_{k}.il").read_text())
-        except (AssertionError, NotImplementedError, KeyError):
-            return False            # a memory this cut does not model: not proved
-        (wd / f"step_{k}.il").write_text(cut)
+        if not _cut_pair(mutants, k, "step", timeout):
+            return False
         proc = run_yosys(f"read_rtlil step_{k}.il\n"
                          "miter -equiv -flatten -make_outputs step_gold step_gate miter\n"
                          "hierarchy -top miter\nopt -fast\nsimplemap\nopt -fast\n"
@@ -257,6 +244,164 @@ def prove_step_equivalent(mutants, k, *, timeout=600):
     except subprocess.TimeoutExpired:
         return False
     return proc.returncode == 0
+
+
+def _cut_pair(mutants, k, stem, timeout):
+    """``stem``_k.il: modules step_gold (the unit, ``mutsel = 0``) and step_gate (mutant
+    ``k``), flattened, registers and memories cut (:func:`_cut_state`). False when the cut
+    does not model the unit's state."""
+    wd = mutants.workdir
+    ports = [(p, w, d) for p, (w, d) in mutants.ports.items() if p != "mutsel"]
+    decl = ", ".join(f"{d} [{w - 1}:0] {p}" for p, w, d in ports)
+    text = []
+    for name, sel in (("step_gold", 0), ("step_gate", k)):
+        conns = ", ".join([f".mutsel({mutants.sel_bits}'d{sel})"] + [f".{p}({p})" for p, _, _ in ports])
+        text.append(f"module {name}({decl});\n  {mutants.module} dut({conns});\nendmodule\n")
+    (wd / f"{stem}_{k}.v").write_text("".join(text))
+    run_yosys(f"read_rtlil mutated.il\nread_verilog {stem}_{k}.v\nsetattr -mod -unset top\n"
+              f"flatten\ndelete {mutants.module}\nasync2sync\ndffunmap\n"
+              f"write_rtlil {stem}_{k}.il\n", wd, f"{stem}_{k}.log", timeout=timeout)
+    try:
+        cut = _cut_state((wd / f"{stem}_{k}.il").read_text())
+    except (AssertionError, NotImplementedError, KeyError):
+        return False            # a memory this cut does not model: not proved
+    (wd / f"{stem}_{k}.il").write_text(cut)
+    return True
+
+
+@dataclass
+class Relation:
+    """What the relational proof (:func:`prove_step_related`) of one mutant may take as given,
+    each part proved along with it; registers are named as in the unit (``ltx.f1``: the
+    register ``f1`` of submodule ``ltx``), bits [lo, hi) of their value.
+
+    - ``free``: (register, lo, hi, when): the unit and the mutant may differ in these bits,
+      always (``when`` None: nothing reads them but their own next value) or while the bit
+      ``when`` = (register, bit) is 0 (a valid flag: nothing reads them while it is low);
+    - ``invariants``: (register, lo, hi, op, value, guard): ``value[lo:hi] op value`` (op
+      ``==`` or ``<=``), where ``guard`` = (register, bit) is 1 (or always: None), holds in
+      the unit's reset state and in every state after (proved inductively with the rest);
+    - ``contract``: a Verilog expression over the unit's inputs, its outputs (``gold_<port>``)
+      and registers (``{name}``) that the unit's user keeps in every cycle: assumed, and
+      part of the claim (equivalent *for users that keep it*);
+    - ``reason``: the argument in words, recorded with the figure."""
+    reason: str
+    free: list = field(default_factory=list)
+    invariants: list = field(default_factory=list)
+    contract: str = ""
+
+
+def prove_step_related(mutants, k, rel, *, timeout=600):
+    """True when mutant ``k`` provably never changes the unit's behaviour, by induction on a
+    relation between the unit's state and the mutant's that :func:`prove_step_equivalent`'s
+    equality is too strict for (``rel``, a :class:`Relation`): registers and memories cut as
+    there, and SAT proves that from *any* pair of states in the relation, whose shared part
+    meets the invariants, and any inputs (meeting the contract), both give the same outputs
+    and next states again in the relation that meet the invariants; and that the reset state
+    meets them. Both start from the reset state, so their outputs never differ."""
+    wd = mutants.workdir
+    if k and re.search(r"-port (\S+)", mutants.mutations[k - 1]).group(1) in _CLOCK_PORTS:
+        return False
+    try:
+        if not _cut_pair(mutants, k, "rel", timeout):
+            return False
+        il = (wd / f"rel_{k}.il").read_text()
+        gold = il[il.index("module \\step_gold"):]
+        gold = gold[:gold.index("\nend\n")]
+        ports = [(m.group(3), int(m.group(1) or 1), m.group(2)) for m in re.finditer(
+            r"^  wire (?:width (\d+) )?(input|output) \d+ \\(\S+)$", gold, re.M)]
+        regs, init = {}, {}
+        for m in re.finditer(r"^  connect (.*) \\(s[0-9a-f]{12})_q$", gold, re.M):
+            # a register is named by its wire (mutations may have put wires of their own in
+            # place of some of its bits); a cell with several registers' wires, by none
+            names = set(re.findall(r"\\dut\.([^$\s]\S*)", m.group(1)))
+            if len(names) == 1:
+                regs[names.pop()] = m.group(2)
+        for m in re.finditer(r"((?:^  attribute .*\n)+)  wire (?:width \d+ )?\\dut\.(\S+)$",
+                             gold, re.M):
+            v = re.search(r"^  attribute \\init \d+'([01]+)$", m.group(1), re.M)
+            if v:
+                init[m.group(2)] = int(v.group(1), 2)
+        (wd / f"rel_{k}_top.v").write_text(_relation_top(ports, regs, init, rel))
+        proc = run_yosys(f"read_rtlil rel_{k}.il\nread_verilog rel_{k}_top.v\n"
+                         "hierarchy -top rel\nflatten\nopt -fast\nsimplemap\nopt -fast\n"
+                         "sat -verify -prove trigger 0 -prove init_bad 0 rel\n",
+                         wd, f"rel_{k}_sat.log", check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0
+
+
+def _relation_top(ports, regs, init, rel):
+    """Verilog of the module ``rel`` for :func:`prove_step_related`: step_gold and step_gate
+    on the same inputs and the same cut state but for ``rel.free``'s bits, which the gate
+    takes from inputs of its own while they are free; ``trigger`` when, from a state meeting
+    the invariants and inputs meeting the contract, an output differs, the next states leave
+    the relation or the unit's next state breaks an invariant; ``init_bad`` when the reset
+    state breaks an invariant. ``regs``: register name -> its cut port (without ``_q``);
+    ``init``: register name -> reset value."""
+    width = {p: w for p, w, _ in ports}
+    for reg in [r for r, *_ in rel.free] + [when[0] for *_, when in rel.free if when]:
+        assert reg in regs, f"no register {reg} in the unit"
+    for reg in [r[0] for r in rel.invariants] + [r[5][0] for r in rel.invariants if r[5]]:
+        assert reg in regs and reg in init, f"no register {reg} with a reset value in the unit"
+    assert len({r for r, *_ in rel.free}) == len(rel.free), "one free range a register"
+    for *_, when in rel.free:
+        assert when is None or not any(when[0] == r and lo <= when[1] < hi
+                                       for r, lo, hi, _ in rel.free), "a flag that is free"
+
+    def now(reg):                       # the shared state: the unit's
+        return f"{regs[reg]}_q"
+
+    def nxt(reg):                       # the unit's next state
+        return f"gold_{regs[reg]}_d"
+
+    gate_in, next_mask, extra = {}, {}, []
+    for reg, lo, hi, when in rel.free:
+        w = width[now(reg)]
+        mask = f"{w}'d{(1 << hi) - (1 << lo)}"
+        free_now = mask if when is None else f"({now(when[0])}[{when[1]}] ? {w}'d0 : {mask})"
+        next_mask[f"{regs[reg]}_d"] = mask if when is None else \
+            f"({nxt(when[0])}[{when[1]}] ? {w}'d0 : {mask})"
+        extra.append(f"input [{w - 1}:0] {regs[reg]}_x")
+        gate_in[now(reg)] = f"(({now(reg)} & ~{free_now}) | ({regs[reg]}_x & {free_now}))"
+    ins = [(p, w) for p, w, d in ports if d == "input"]
+    outs = [(p, w) for p, w, d in ports if d == "output"]
+    lines = ["module rel(" + ", ".join([f"input [{w - 1}:0] {p}" for p, w in ins] + extra +
+                                       ["output trigger", "output init_bad"]) + ");"]
+    lines += [f"  wire [{w - 1}:0] gold_{p}, gate_{p};" for p, w in outs]
+    for inst, pre in (("step_gold", "gold"), ("step_gate", "gate")):
+        conns = [f".{p}({gate_in.get(p, p) if pre == 'gate' else p})" for p, _ in ins]
+        conns += [f".{p}({pre}_{p})" for p, _ in outs]
+        lines.append(f"  {inst} {pre}(" + ", ".join(conns) + ");")
+    diffs = [f"(((gold_{p} ^ gate_{p}) & ~{next_mask[p]}) != {w}'d0)" if p in next_mask
+             else f"(gold_{p} != gate_{p})" for p, w in outs]
+
+    def inv(at, rec):
+        reg, lo, hi, op, value, guard = rec
+        cond = f"({at(reg)}[{hi - 1}:{lo}] {op} {hi - lo}'d{value})"
+        return cond if guard is None else f"(!{at(guard[0])}[{guard[1]}] || {cond})"
+
+    def holds_at_reset(rec):
+        reg, lo, hi, op, value, guard = rec
+        v = (init[reg] >> lo) & ((1 << (hi - lo)) - 1)
+        return (guard is not None and not (init[guard[0]] >> guard[1]) & 1) or \
+            (v == value if op == "==" else v <= value)
+
+    contract = rel.contract or "1'b1"
+    for reg in regs:
+        contract = contract.replace("{" + reg + "}", now(reg))
+    assert "{" not in contract, f"a register the unit does not have in {rel.contract!r}"
+    reset_ok = all(holds_at_reset(r) for r in rel.invariants)
+    inv_now = " && ".join(["1'b1"] + [inv(now, r) for r in rel.invariants])
+    inv_next = " && ".join(["1'b1"] + [inv(nxt, r) for r in rel.invariants])
+    lines += [f"  wire inv_now = {inv_now};", f"  wire inv_next = {inv_next};",
+              f"  wire contract = {contract};",
+              f"  wire differ = {' || '.join(diffs)};",
+              "  assign trigger = inv_now && contract && (differ || !inv_next);",
+              f"  assign init_bad = 1'b{0 if reset_ok else 1};",
+              "endmodule"]
+    return "\n".join(lines) + "\n"
 
 
 # --- arithmetic units ------------------------------------------------------------------------
@@ -434,12 +579,53 @@ def run_reader(*, n=60, timeout=90):
 # --- the link layer ----------------------------------------------------------------------------
 
 # The link tests on the Verilated N-card fabric: test_collective_node.py's, and
-# test_link_mutation.py's (control traffic, sequence-number wrap-around: written for the
-# survivors of this score). Left out: test_cli (its own process builds the unmutated node) and
-# test_bench_sweep_and_plot (bandwidth figures of sweeps up to 1 MiB, no link behaviour the
-# others lack); test_reference_orders is not RTL.
+# test_link_mutation.py's (written for the survivors of this score: control traffic,
+# sequence-number wrap-around, acknowledgements that come back during a resend, go-backs at
+# high sequence numbers; and sim/tb/tb_link_port.py's cocotb tests of one port driven
+# directly, run on the mutant port alone: sim/link_dut.py). Left out: test_cli (its own process
+# builds the unmutated node) and test_bench_sweep_and_plot (bandwidth figures of sweeps up to
+# 1 MiB, no link behaviour the others lack); test_reference_orders is not RTL.
 LINK_TESTS = (ROOT / "tests" / "test_collective_node.py", ROOT / "tests" / "test_link_mutation.py")
 LINK_TEST_SELECT = ("-m", "rtl", "-k", "not cli and not bench")
+
+# Survivors of the link tests that the cut-state proof cannot prove (it compares every
+# register bit, and assumes nothing of the state) but a relational one can
+# (prove_step_related): mutant -> (the mutation it must be, under MUTATION_SEED and this
+# netlist: another netlist draws other mutants, and then the entry is not used; the relation).
+_RHELD_UNREAD = Relation(
+    "the received control frame's register rheld: its len and pad fields (bits 50-63) are read "
+    "by nothing but their own next value (the sender takes kind, ack, credit and the CRC)",
+    free=[("rheld", 50, 64, None)])
+LINK_RELATIONS = {
+    8: ("-mode cnot0 -module mut_link_port -cell $procdff$6129 -port Q -portbit 54 -ctrlbit 38 ",
+        _RHELD_UNREAD),
+    36: ("-mode const1 -module mut_link_port -cell $procdff$6129 -port Q -portbit 58 ",
+         _RHELD_UNREAD),
+    47: ("-mode cnot0 -module mut_link_port -cell $procmux$5874 -port B -portbit 63 -ctrlbit 114 ",
+         _RHELD_UNREAD),
+    17: ("-mode const0 -module mut_link_port -cell $flatten\\ltx.$procmux$4835 -port A -portbit 0 ",
+         Relation("the sender's trailer pipeline f1 -> f2: a stage's trailer is read only while "
+                  "its valid bit is set, and f1 is loaded in the cycle that sets it; the "
+                  "mutation clears bit 0 of f1's len in cycles that load nothing, which leave "
+                  "f1 invalid (and f2, its copy, invalid the cycle after)",
+                  free=[("ltx.f1", 51, 52, ("ltx.f1", 0)), ("ltx.f2", 51, 52, ("ltx.f2", 0))])),
+    71: ("-mode const0 -module mut_link_port -cell $procmux$5925 -port A -portbit 94 ",
+         Relation("the control frame register ctl_held's tag field is 0 in every state (reset "
+                  "0; loaded only from the control frame, whose tag is the constant 0; the CRC "
+                  "step writes only the CRC field): the mutation forces its bit 30 to 0 while "
+                  "ctl_held holds",
+                  invariants=[("ctl_held", 64, 96, "==", 0, None)])),
+    63: ("-mode const0 -module mut_link_port -cell $flatten\\ltx.$procmux$5060 -port B -portbit 7 ",
+         Relation("bit 7 of a frame's length as the sender stores it for sending: a frame has "
+                  "at most F = 64 payload beats (the port's input contract: the F-th beat a "
+                  "user gives is last), so the beat count k stays <= F - 1 and a length, k + 1, "
+                  "below 128 (invariants on k and the trailer pipeline's len, proved)",
+                  invariants=[("ltx.k", 0, 8, "<=", 63, None),
+                              ("ltx.f1", 58, 59, "==", 0, ("ltx.f1", 0)),
+                              ("ltx.f2", 58, 59, "==", 0, ("ltx.f2", 0))],
+                  contract="!(send_valid && gold_send_ready && {ltx.k} == 8'd63 && "
+                           "!send_payload[512])")),
+}
 
 
 class _MutLinkPort(wiring.Component):
@@ -492,18 +678,23 @@ def build_link_fabric(params, sources, workdir):
                          extra_args=MUTANT_BUILD_ARGS, what="the mutant fabric")
 
 
-def _run_pytest(lib, k, run_dir, timeout):
+def _run_pytest(lib, port, k, run_dir, timeout, *, keyword=None):
     """The link tests (``LINK_TESTS``) on mutant ``k`` (the fabric library ``lib`` in place of
-    sim.fabric.build_fabric's), in a process of its own in ``run_dir`` (where the wrapper
-    reads ``mutsel.txt``), stopping at the first failure; past ``timeout`` s it counts as
-    killed. Returns None if every test passed, else a message."""
+    sim.fabric.build_fabric's, and ``port``, the mutant's (Verilog files, top), in place of
+    sim.link_dut.port_sources's port), in a process of its own in ``run_dir`` (where the
+    fabric's wrapper reads ``mutsel.txt``), stopping at the first failure; past ``timeout`` s
+    it counts as killed. Returns None if every test passed, else a message."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "mutsel.txt").write_text(f"{k}\n")
     args = [*map(str, LINK_TESTS), "-q", "-x", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
-            *LINK_TEST_SELECT]
+            *LINK_TEST_SELECT[:-1],
+            f"({LINK_TEST_SELECT[-1]}) and ({keyword})" if keyword else LINK_TEST_SELECT[-1]]
+    sources, top = port
     code = ("import sys; from pathlib import Path\nimport pytest\nimport sim.fabric\n"
+            "import sim.link_dut\n"
             f"sim.fabric.build_fabric = lambda params, log=None: Path({str(lib)!r})\n"
+            f"sim.link_dut.port_sources = lambda: ({[str(x) for x in sources]!r}, {top!r}, {k})\n"
             f"sys.exit(pytest.main({args!r}))\n")
     rc, out = _child(code, run_dir, run_dir, timeout, GPTFPGA_SEED=str(VECTOR_SEED))
     if rc is None:
@@ -517,10 +708,10 @@ def _run_pytest(lib, k, run_dir, timeout):
     return f"pytest ended with code {rc}"
 
 
-def run_link(*, n=100, timeout=300):
-    """Mutate the link layer (LinkPort at tiny.yaml's node parameters: both ports of every
-    node in the fabric carry the mutant) and run the link tests (``LINK_TESTS``) on every
-    mutant, each run in a process of its own, stopping at its first failure."""
+def _link_mutants(n):
+    """LinkPort at tiny.yaml's node parameters, ``n`` mutants drawn, the fabric library with
+    both ports of every node replaced by the mutated netlist, and the mutant port alone for
+    cocotb: (mutants, library, (Verilog files, top))."""
     from gen.config import load_config
     from gen.verilog import to_verilog
     from hw.collective.link import LinkPort
@@ -533,10 +724,38 @@ def run_link(*, n=100, timeout=300):
                     timeout=params.timeout, retries=params.retries)
     mutants = make_mutants(to_verilog(port, "mut_link_port"), "mut_link_port", wd, n)
     (wd / "link_port_mut.v").write_text(_file_wrapper(mutants, "link_port_mut"))
-    lib = build_link_fabric(params, [wd / "link_port_mut.v", mutants.verilog], wd)
+    sources = [wd / "link_port_mut.v", mutants.verilog]
+    lib = build_link_fabric(params, sources, wd)
+    # tests/test_link_mutation.py's cocotb tests of one port (sim/link_dut.py): built here,
+    # so that no mutant's run pays for the build
+    from sim.link_dut import build
+    build(sources, "link_port_mut")
+    return mutants, lib, (sources, "link_port_mut")
+
+
+def run_link_mutants(ks, *, n=100, timeout=300, keyword=None):
+    """The link tests on mutant 0 and on the mutants ``ks`` only (no score): {k: message or
+    None}. ``keyword``: a pytest ``-k`` expression narrowing the tests further."""
+    mutants, lib, port = _link_mutants(n)
+    res = {}
+    for k in [0, *ks]:
+        res[k] = _run_pytest(lib, port, k, BUILD / "link_port" / "runs" / f"only-{k}", timeout,
+                             keyword=keyword)
+        what = mutants.mutations[k - 1] if k else "unmutated"
+        print(f"mutate: link_port mutant {k}: {'survived' if res[k] is None else res[k]}\n"
+              f"  ({what})", flush=True)
+    return res
+
+
+def run_link(*, n=100, timeout=300):
+    """Mutate the link layer (LinkPort at tiny.yaml's node parameters: both ports of every
+    node in the fabric carry the mutant) and run the link tests (``LINK_TESTS``) on every
+    mutant, each run in a process of its own, stopping at its first failure."""
+    wd = BUILD / "link_port"
+    mutants, lib, port = _link_mutants(n)
     sim = {}
     for k in range(len(mutants.mutations) + 1):
-        sim[k] = _run_pytest(lib, k, wd / "runs" / str(k), timeout)
+        sim[k] = _run_pytest(lib, port, k, wd / "runs" / str(k), timeout)
         print(f"mutate: link_port mutant {k}: {'survived' if sim[k] is None else sim[k]}",
               flush=True)
         if k == 0 and sim[0] is not None:
@@ -544,27 +763,40 @@ def run_link(*, n=100, timeout=300):
     (wd / "sim_results.json").write_text(json.dumps(sim))
     # sat -tempinduct on the whole port (two 512 x 512-bit memories, six 512-bit CRCs) does
     # not finish in minutes: only the cut-state proof is tried.
-    return score("link_port", mutants, sim, depth=None, timeout=120)
+    return score("link_port", mutants, sim, depth=None, timeout=120, relations=LINK_RELATIONS)
 
 
 UNITS = {**{u: (lambda u=u: run_arith(u)) for u in ARITH}, "hbm_reader": lambda: run_reader(),
          "link_port": lambda: run_link()}
 
 
-def score(unit, mutants, sim, *, depth, timeout=120):
+def score(unit, mutants, sim, *, depth, timeout=120, relations=None):
     """sim: {k: message or None (survived)} for k = 1..N. SAT on each survivor: first
     :func:`prove_step_equivalent`, then :func:`prove_equivalent` up to ``depth`` steps
-    (``depth=None``: not tried, the unit is too large for it)."""
+    (``depth=None``: not tried, the unit is too large for it), then, for a survivor with an
+    entry in ``relations`` ({k: (the mutation it must be, :class:`Relation`)}), the relational
+    proof :func:`prove_step_related`. A mutant proved equivalent either way leaves the count
+    (its relation's reason goes into the result)."""
     killed = sorted(k for k, msg in sim.items() if msg is not None and k > 0)
     survived = sorted(k for k, msg in sim.items() if msg is None and k > 0)
     equivalent = [k for k in survived if prove_step_equivalent(mutants, k, timeout=timeout) or
                   (depth is not None and prove_equivalent(mutants, k, depth=depth, timeout=timeout))]
-    gaps = [k for k in survived if k not in equivalent]
-    m = len(mutants.mutations) - len(equivalent)
+    related, unused = {}, []
+    for k, (mutation, rel) in sorted((relations or {}).items()):
+        if k not in survived or k in equivalent:
+            continue
+        if not mutants.mutations[k - 1].startswith(mutation):
+            unused.append(k)        # another netlist or seed: mutant k is another mutation
+        elif prove_step_related(mutants, k, rel, timeout=timeout):
+            related[k] = rel.reason + (f" (for users that keep: {rel.contract})" if rel.contract
+                                       else "")
+    gaps = [k for k in survived if k not in equivalent and k not in related]
+    m = len(mutants.mutations) - len(equivalent) - len(related)
     res = {"unit": unit, "generated": len(mutants.mutations), "killed": len(killed),
-           "equivalent": equivalent, "survived": gaps, "counted": m,
-           "rate": len(killed) / m if m else 1.0,
+           "equivalent": equivalent, "related": related, "survived": gaps, "counted": m,
+           "rate": len(killed) / m if m else 1.0, "relations_unused": unused,
            "mutations": {k: mutants.mutations[k - 1] for k in survived}}
+    assert len(killed) + len(equivalent) + len(related) + len(gaps) == len(mutants.mutations)
     (mutants.workdir / "score.json").write_text(json.dumps(res, indent=1))
     return res
 
@@ -574,14 +806,29 @@ def figure_line(res):
 
 
 def main(argv=None):
-    units = (argv if argv is not None else sys.argv[1:]) or list(UNITS)
+    argv = list(argv if argv is not None else sys.argv[1:])
+    if argv[:1] == ["link_port"] and len(argv) > 1:
+        # python -m sim.mutate link_port 3 18 [-k EXPR]: those mutants alone, not scored
+        kw = argv[argv.index("-k") + 1] if "-k" in argv else None
+        ks = [int(a) for a in argv[1:argv.index("-k") if "-k" in argv else None]]
+        run_link_mutants(ks, keyword=kw)
+        return
+    units = argv or list(UNITS)
     for unit in units:
         res = UNITS[unit]()
+        related = res.get("related", {})
         print(figure_line(res))
-        print(f"  {res['generated']} generated, {len(res['equivalent'])} proved equivalent "
-              f"(left out), {len(res['survived'])} survived not proved equivalent")
+        print(f"  {res['generated']} generated, {len(res['equivalent'])} proved equivalent by "
+              f"the cut-state or induction proof and {len(related)} by a relational proof "
+              f"(left out: {res['generated']} - {len(res['equivalent'])} - {len(related)} = "
+              f"{res['counted']} counted), {res['killed']} killed, {len(res['survived'])} "
+              f"survived not proved equivalent")
         for k in res["equivalent"]:
             print(f"  equivalent {k}: {res['mutations'][k]}")
+        for k, reason in sorted(related.items()):
+            print(f"  equivalent {k} (relational proof): {res['mutations'][k]}\n    {reason}")
+        for k in res.get("relations_unused", []):
+            print(f"  relation for {k} not used: mutant {k} is another mutation here")
         for k in res["survived"]:
             print(f"  SURVIVED {k}: {res['mutations'][k]}")
 

@@ -193,14 +193,16 @@ def card_units(cfg):
     arithmetic it holds, for the per-MAC tables.)"""
     c = cfg.core
     L, W, P, R = c.lanes, c.width, c.vector_lanes, c.reuse
+    Q = P // c.special_share                    # the vector unit's special-function units
     return {
         f"dot_lane_{W}": L * R,                 # products, tree and rounding per lane and token
         f"block_align_{W}_w": L,                # each lane's tile row aligned once for R tokens
         f"block_align_{W}_x": R,                # each token's input block, once for every lane
-        # accumulators; the vector lanes' adders and GELU's two (x + c x^3, 1 + e^v)
-        "fp32_add": L * R + 3 * P,
-        # the lanes' multipliers and GELU's five (its exp and 1/x are the lane's own units)
-        "fp32_mul": 6 * P, "fp32_max": P, "exp": P, "recip": P, "rsqrt": P,
+        # accumulators; the vector lanes' adders and GELU's two (x + c x^3, 1 + e^v) in each
+        # special-function unit
+        "fp32_add": L * R + P + 2 * Q,
+        # the lanes' multipliers and GELU's five (its exp and 1/x are the special units' own)
+        "fp32_mul": P + 5 * Q, "fp32_max": P, "exp": Q, "recip": Q, "rsqrt": Q,
         "fp32_to_fp16": 2 * P + 1,              # vector unit's CVT16 lanes and x16 copies; the store engine
     }
 

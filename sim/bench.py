@@ -499,19 +499,27 @@ def _what_if(cfg, log, shape="gpt2-xl", cards=4, length=64, progress=None):
     from host.model import SHAPES
     from host.perf import predict
     base = cfg.replace(cards=cards, clock_mhz=200)
-    lanes = base.core.lanes
+    core = base.core
+    # the vector unit at its widest: as many lanes as the matrix unit's, each with its own
+    # special-function units
+    wide = dataclasses.replace(base, core=dataclasses.replace(core, vector_lanes=core.lanes,
+                                                              special_share=1))
+    if core.vector_lanes < core.lanes:
+        vname, vshort = (f"vector unit {core.lanes} lanes (from {core.vector_lanes})",
+                         f"{core.lanes} vector lanes")
+    else:
+        vname, vshort = (f"special functions on every vector lane (from one per "
+                         f"{core.special_share})", "special functions on every lane")
     variants = [("as configured", base),
-                (f"vector unit {lanes} lanes (from {base.core.vector_lanes})",
-                 dataclasses.replace(base, core=dataclasses.replace(base.core, vector_lanes=lanes))),
+                (vname, wide),
                 (f"link latency 100 cycles (from {base.link.latency_cycles})",
                  dataclasses.replace(base, link=dataclasses.replace(base.link, latency_cycles=100))),
                 ("both", dataclasses.replace(
-                    base, core=dataclasses.replace(base.core, vector_lanes=lanes),
-                    link=dataclasses.replace(base.link, latency_cycles=100)))]
+                    wide, link=dataclasses.replace(base.link, latency_cycles=100)))]
     from host.perf import StepCosts
     variants.append(("all-gather by exchange (not built: each card's whole vector both ways, "
                      "ceil((N-1)/2) hops)", base))
-    variants.append((f"exchange and {lanes} vector lanes", variants[1][1]))
+    variants.append((f"exchange and {vshort}", wide))
     out = []
     progress = progress or quiet()
     for name, c in variants:

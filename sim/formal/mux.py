@@ -40,7 +40,7 @@ from amaranth.lib.wiring import In
 from hw.axi import Axi4ReadSignature, Axi4WriteSignature
 from hw.dma.mux import AxiReadMux, AxiWriteMux
 
-from . import Proof, check
+from . import ABC_PDR, Proof, check
 from .axi import INCR, Queue, _page_ok, held, no_reset, past, read_env, read_manager, write_env, write_manager
 
 __all__ = ["ReadMuxHarness", "WriteMuxHarness", "PROOFS", "quick", "deep", "run"]
@@ -326,51 +326,46 @@ class WriteMuxHarness(_MuxHarness):
 
 
 _WHY = (
-    "Bounded. The mux's state is the arbiter's last served, the lock on a request held "
-    "with VALID high{w} and the order FIFO (any contents, level and pointer phase); with "
-    "single-beat bursts, one push and one pop a cycle, every such state of a FIFO of {d} is "
-    "reached within 2 x {d} + 1 = {n} cycles of reset, and {depth} leaves {left} more for a "
-    "violation to show from it (a {mb}-beat burst's response routed and taken). k-induction "
-    "does not close: the harness's records agree with the FIFO's memory only by an "
-    "invariant the harness cannot name, and a withheld response keeps a disagreeing "
-    "state unchanged for any k."
+    "Unbounded: ABC's pdr (IC3) proves every assertion in every reachable state, for any "
+    "manager behaviour of any length, building the invariant that ties the harness's records "
+    "of whose request went out to the mux's order FIFO itself (k-induction alone does not "
+    "close: a withheld response keeps a state where they disagree unchanged for any k). "
+    "{took} It replaces a bounded run of {depth} cycles, which rested on every state of an "
+    "order FIFO of {d} being reached within 2 x {d} + 1 cycles of reset."
 )
 
 
-def _why(depth, d, mb, write):
-    n = 2 * d + 1
-    return _WHY.format(w=" (and its W burst)" if write else "", d=d, n=n, depth=depth,
-                       left=depth - n, mb=mb)
+def _why(depth, d, took):
+    return _WHY.format(depth=depth, d=d, took=took)
 
 
 _QUICK = dict(depth=2, max_outstanding=2, max_burst=2)
 _DEEP = dict(depth=4, max_outstanding=3, max_burst=2)
+_THREE = "Three managers (the soak's cocotb runs have three; the card two). "
 
 PROOFS = (
-    Proof("read_mux", partial(ReadMuxHarness, **_QUICK), "bmc", 10, _why(10, 2, 2, False),
-          ),
+    Proof("read_mux", partial(ReadMuxHarness, **_QUICK), "prove", 1,
+          _why(10, 2, "About 3 s here."), engine=ABC_PDR),
     Proof("read_mux_cover", partial(ReadMuxHarness, **_QUICK), "cover", 12,
           "Both managers' bursts in flight, manager 1's beat right behind manager 0's RLAST, "
           "the order FIFO full with an AR waiting, more bursts answered than the FIFO holds "
           "(its pointers wrapped) and a full burst at a page offset are all reached: the "
           "assumptions leave the mux its behaviours."),
-    Proof("write_mux", partial(WriteMuxHarness, **_QUICK), "bmc", 10, _why(10, 2, 2, True),
-          ),
+    Proof("write_mux", partial(WriteMuxHarness, **_QUICK), "prove", 1,
+          _why(10, 2, "About 6 s here."), engine=ABC_PDR),
     Proof("write_mux_cover", partial(WriteMuxHarness, **_QUICK), "cover", 12,
           "Both managers' writes in flight, a B to manager 1 right behind one to manager 0, "
           "manager 1's W right behind manager 0's WLAST, the order FIFO full with an AW "
           "waiting, more writes answered than the FIFO holds and a full burst at a page "
           "offset are all reached."),
-    Proof("read_mux_deep", partial(ReadMuxHarness, **_DEEP), "bmc", 12, _why(12, 4, 2, False),
-          deep=True),
-    Proof("write_mux_deep", partial(WriteMuxHarness, **_DEEP), "bmc", 12, _why(12, 4, 2, True),
-          deep=True),
-    Proof("read_mux3", partial(ReadMuxHarness, managers=3, **_QUICK), "bmc", 8,
-          "Three managers (the soak's cocotb runs have three; the card two). " + _why(8, 2, 2, False),
-          deep=True),
-    Proof("write_mux3", partial(WriteMuxHarness, managers=3, **_QUICK), "bmc", 8,
-          "Three managers (the soak's cocotb runs have three; the card two). " + _why(8, 2, 2, True),
-          deep=True),
+    Proof("read_mux_deep", partial(ReadMuxHarness, **_DEEP), "prove", 1,
+          _why(12, 4, "About 70 s here."), deep=True, engine=ABC_PDR),
+    Proof("write_mux_deep", partial(WriteMuxHarness, **_DEEP), "prove", 1,
+          _why(12, 4, "About 50 s here."), deep=True, engine=ABC_PDR),
+    Proof("read_mux3", partial(ReadMuxHarness, managers=3, **_QUICK), "prove", 1,
+          _THREE + _why(8, 2, "About 8 s here."), deep=True, engine=ABC_PDR),
+    Proof("write_mux3", partial(WriteMuxHarness, managers=3, **_QUICK), "prove", 1,
+          _THREE + _why(8, 2, "About 16 s here."), deep=True, engine=ABC_PDR),
 )
 
 

@@ -359,13 +359,13 @@ PROOFS = (
           "waiting, more writes answered than the FIFO holds and a full burst at a page "
           "offset are all reached."),
     Proof("read_mux_deep", partial(ReadMuxHarness, **_DEEP), "prove", 1,
-          _why(12, 4, "About 70 s here."), deep=True, engine=ABC_PDR),
+          _why(12, 4, "About a minute here."), deep=True, engine=ABC_PDR),
     Proof("write_mux_deep", partial(WriteMuxHarness, **_DEEP), "prove", 1,
-          _why(12, 4, "About 50 s here."), deep=True, engine=ABC_PDR),
+          _why(12, 4, "Under a minute here."), deep=True, engine=ABC_PDR),
     Proof("read_mux3", partial(ReadMuxHarness, managers=3, **_QUICK), "prove", 1,
-          _THREE + _why(8, 2, "About 8 s here."), deep=True, engine=ABC_PDR),
+          _THREE + _why(8, 2, "Under half a minute here."), deep=True, engine=ABC_PDR),
     Proof("write_mux3", partial(WriteMuxHarness, managers=3, **_QUICK), "prove", 1,
-          _THREE + _why(8, 2, "About 16 s here."), deep=True, engine=ABC_PDR),
+          _THREE + _why(8, 2, "Under half a minute here."), deep=True, engine=ABC_PDR),
 )
 
 

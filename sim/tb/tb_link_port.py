@@ -12,7 +12,10 @@ drops frames and flips bits at random; these tests reach what that cannot:
 - an ACK that acknowledges frames the port has not sent does not move its window: the frame
   it has sent is still resent at the timeout, whole;
 - the receive side's flow control, beat-exact, while its user stalls and resumes: the credit
-  it advertises is its frame buffer plus exactly ``READ_AHEAD`` beats read ahead of its user.
+  it advertises is its frame buffer plus exactly ``READ_AHEAD`` beats read ahead of its user;
+- every frame the receive side accepts, and every frame it consumes, is told to the peer by
+  an ACK within ``ACK_BOUND`` cycles, with no resend from the peer (an ACK event in the very
+  cycle a pending ACK is taken is not merged into it and lost).
 
 Every frame the port sends is checked as it goes: its CRC field matches its content, a data
 frame's payload and tag are those its user gave under that sequence number.
@@ -49,6 +52,11 @@ LAST = 1 << D                 # Beat: data, then last
 # into its 8-deep output FIFO, ahead of its user, while that FIFO and the read in flight hold
 # fewer than 6 beats (``(out_fifo.level + rd_pending) < 6``), and no further.
 READ_AHEAD = 6
+# The cycles from an event the receive side acknowledges (a data frame's trailer taken from
+# ``rx``, a frame's last beat taken by the user) to the ACK that reports it on ``tx``: the
+# frame's check (1), want_ack set (1), an ACK already being sent (its CRC, then its beat: 3),
+# this one's (3), with room to spare. Not a cycle count the port must meet exactly.
+ACK_BOUND = 16
 
 
 def field(t, name):
@@ -312,8 +320,8 @@ async def credit_under_back_pressure(dut):
     - the test is the peer and sends only within the credit: no frame is dropped (no NAK
       ever, every frame acknowledged);
     - once the user has stalled long enough, the credit is exactly R + W(U + READ_AHEAD)
-      and acknowledges every frame sent: the port holds its whole buffer and read-ahead.
-      (The peer asks where the port stands by resending its last frame: see ``settle``);
+      and acknowledges every frame sent: the port holds its whole buffer and read-ahead, and
+      says so by its ACKs alone (the peer never resends: see ``settle``);
     - a user ready in every cycle of a burst gets a beat in every one of them.
 
     The user's pattern: a stall from reset, then rounds of a burst of 1 to 12 beats (ready
@@ -361,40 +369,26 @@ async def credit_under_back_pressure(dut):
             await port.step()
         take_acks()
 
-    async def settle():
-        """The port's state as its ACKs tell it: the peer resends its last frame, as a
-        go-back-N sender resends what has gone unacknowledged, and the port must answer the
-        duplicate with ACK(next expected, credit) ("tell the sender where we are"), until a
-        round brings an ACK and changes nothing. (The port's ACKs alone can leave the peer
-        behind: a frame accepted, or consumed, in the very cycle that a pending ACK is taken
-        gets no ACK of its own, the ACK taken carrying the state before it; until a later
-        event, only a resend tells the peer.)"""
-        for _ in range(10):
-            await port.until(lambda: not port.rx, 100, "the peer's frame was not taken")
-            before, n = (peer["credit"], peer["ack"], peer["next"]), len(port.frames)
-            s = peer["next"] - 1
-            beats = data_frame(frames[s], s, 0x5000 + s)
-            port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
-            await cycles(40)
-            after = (peer["credit"], peer["ack"], peer["next"])
-            if len(port.frames) > n and after == before:
-                return
-            if after != before:
-                logging.getLogger("cocotb").info(
-                    "cycle %d: the resent frame brought (credit, ack, frames sent) %s -> %s",
-                    port.cycle, before, after)
-        raise AssertionError(f"cycle {port.cycle}: the port's ACKs do not settle")
+    async def settle(limit=300):
+        """The port's state as its ACKs alone tell it (the peer resends nothing): within
+        ``limit`` cycles its credit and acknowledgement reach what the port holds, and stay."""
+        u = len(port.got)
+        want = R + whole(u + READ_AHEAD)
+        for _ in range(limit):
+            if (peer["credit"], peer["ack"], peer["next"]) == (want, want, want):
+                break
+            await cycles(1)
+        await cycles(40)
+        return u, want
 
     async def stall(n=150):
         port.recv_ready = 0
         await cycles(n)
-        await settle()
-        u = len(port.got)
-        want = R + whole(u + READ_AHEAD)
+        u, want = await settle()
         assert (peer["credit"], peer["ack"], peer["next"]) == (want, want, want), \
             (f"cycle {port.cycle}: user stalled after {u} beats: credit {peer['credit']}, "
              f"ack {peer['ack']} of {peer['next']} frames sent; want {want} (R + the frames "
-             f"within {READ_AHEAD} beats ahead)")
+             f"within {READ_AHEAD} beats ahead), by the port's ACKs alone")
 
     await stall()
     for rnd in range(40):
@@ -421,3 +415,91 @@ async def credit_under_back_pressure(dut):
     await cycles(20)
     assert port.got == want, "the beats delivered are not the frames sent"
     assert port.crc_errors == 0
+
+
+@cocotb.test()
+async def every_event_is_acknowledged(dut):
+    """Contract (hw/collective/link.py): the receiver "answers ACK(next expected, credit) as
+    frames arrive and are consumed"; ACKs still pending merge, so one ACK may report several
+    events, but none is lost. So, with the peer sending nothing twice:
+
+    - once the port has taken the trailer of data frame s (within credit, good CRC), an ACK
+      with acknowledgement >= s + 1 is on ``tx`` within ``ACK_BOUND`` cycles;
+    - once its user has taken the last beat of frame s (so the port has consumed it), an ACK
+      with credit >= s + 1 + R is on ``tx`` within ``ACK_BOUND`` cycles;
+    - every control frame is an ACK, credits and acknowledgements never go back, and every
+      frame is delivered in order.
+
+    The peer sends frames of 1 to 4 beats (most of one) within the credit, after gaps of 0
+    to 30 idle cycles; the user alternates spells of 1 to 20 cycles of random or full ready
+    (events close together, ACKs merging) with stalls of 20 to 60 cycles (the last event of
+    a spell then has no later event to carry its news)."""
+    port, rng = setup(dut)
+    await port.reset()
+    n = 1000
+    lengths = [rng.choice((1, 1, 2, 3, 4)) for _ in range(n)]
+    frames = [[rng.getrandbits(D) for _ in range(k)] for k in lengths]
+    ends = list(itertools.accumulate(lengths))
+    peer = {"next": 0, "credit": R, "ack": 0, "seen": 0, "gap": 0, "in_flight": None}
+    due = []                        # (deadline cycle, field, value it must reach, what)
+    log = logging.getLogger("cocotb")
+
+    def take_acks():
+        for f in port.frames[peer["seen"]:]:
+            assert len(f) == 1, "the port sent a data frame: its user gave none"
+            t = f[0]
+            assert field(t, "kind") == KIND_ACK, f"cycle {port.cycle}: a NAK (no frame was lost)"
+            ack, credit = field(t, "ack"), field(t, "credit")
+            assert peer["ack"] <= ack <= peer["next"], (port.cycle, ack, peer)
+            assert peer["credit"] <= credit, (port.cycle, credit, peer)
+            peer.update(ack=ack, credit=credit)
+        peer["seen"] = len(port.frames)
+        for item in list(due):
+            deadline, name, value, what = item
+            if peer[name] >= value:
+                due.remove(item)
+            else:
+                assert port.cycle <= deadline, \
+                    (f"cycle {port.cycle}: {what} at cycle {deadline - ACK_BOUND}, and no ACK "
+                     f"with {name} >= {value} within {ACK_BOUND} cycles ({name} "
+                     f"{peer[name]}): the peer would have to resend")
+
+    usr = {"mode": "random", "left": 0, "p": 0.5}
+    got_frames = 0
+    while got_frames < n:
+        # the peer: the next frame within the credit, after its gap
+        if peer["in_flight"] is None and peer["next"] < n and peer["next"] < peer["credit"]:
+            if peer["gap"] > 0:
+                peer["gap"] -= 1
+            else:
+                s = peer["next"]
+                beats = data_frame(frames[s], s, 0x7000 + s)
+                port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+                peer.update(next=s + 1, in_flight=s, gap=rng.choice((0, 0, 0, 1, 2, 5, 30)))
+        # the user: spells of random ready, and stalls
+        if usr["left"] == 0:
+            usr["mode"] = rng.choice(("random", "stall"))
+            usr["left"] = rng.randint(1, 20) if usr["mode"] == "random" else rng.randint(20, 60)
+            usr["p"] = rng.choice((0.5, 1.0, 1.0))
+        usr["left"] -= 1
+        port.recv_ready = int(usr["mode"] == "random" and rng.random() < usr["p"])
+        before = len(port.got)
+        await port.step()
+        if peer["in_flight"] is not None and not port.rx:       # its trailer taken
+            s = peer["in_flight"]
+            due.append((port.cycle + ACK_BOUND, "ack", s + 1, f"frame {s} taken"))
+            peer["in_flight"] = None
+        while got_frames < n and len(port.got) >= ends[got_frames] > before:
+            s = got_frames
+            due.append((port.cycle + ACK_BOUND, "credit", s + 1 + R, f"frame {s} delivered"))
+            got_frames += 1
+        take_acks()
+        assert port.cycle < 40 * n, "the frames were not delivered"
+    await port.run(ACK_BOUND + 4)
+    take_acks()
+    assert not due, due
+    want = [(b, int(i == len(frames[s]) - 1), 0x7000 + s) for s in range(n)
+            for i, b in enumerate(frames[s])]
+    assert port.got == want, "the beats delivered are not the frames sent"
+    assert port.crc_errors == 0 and port.retx == 0
+    log.info("%d frames in %d cycles, %d ACKs", n, port.cycle, len(port.frames))

@@ -503,3 +503,73 @@ async def every_event_is_acknowledged(dut):
     assert port.got == want, "the beats delivered are not the frames sent"
     assert port.crc_errors == 0 and port.retx == 0
     log.info("%d frames in %d cycles, %d ACKs", n, port.cycle, len(port.frames))
+
+
+@cocotb.test()
+async def nak_for_every_bad_frame(dut):
+    """Contract (hw/collective/link.py): the receiver answers "NAK(next expected) once when it
+    sees a bad or out-of-order frame": once per expected sequence number, and not lost to an
+    ACK going out at the same time. The peer sends good frame s, then, after 0 to 15 idle
+    cycles (so that the bad frame's check falls on every cycle of the port's ACK traffic for
+    frame s: its accept, its consumption), frame s + 1 with one payload bit flipped after its
+    CRC; within ``ACK_BOUND`` cycles of that frame's trailer the port must send NAK(s + 1),
+    exactly one. The peer then goes back and sends s + 1 whole; at the end every good frame
+    is delivered once, in order."""
+    port, rng = setup(dut)
+    await port.reset()
+    st = {"seen": 0, "credit": R, "naks": []}
+    given = []
+
+    async def step():
+        await port.step()
+        for f in port.frames[st["seen"]:]:
+            assert len(f) == 1, "the port sent a data frame: its user gave none"
+            kind, ack = field(f[0], "kind"), field(f[0], "ack")
+            if kind == KIND_NAK:
+                st["naks"].append(ack)
+            else:
+                st["credit"] = max(st["credit"], field(f[0], "credit"))
+        st["seen"] = len(port.frames)
+
+    async def send(seq, flip=False):
+        payload = [rng.getrandbits(D) for _ in range(rng.randint(1, 2))]
+        beats = data_frame(payload, seq, 0x9000 + seq)
+        if flip:
+            beats[rng.randrange(len(payload))] ^= 1 << rng.randrange(D)
+        port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+        for _ in range(100):
+            if not port.rx:
+                return payload
+            await step()
+        raise AssertionError("the port did not take the frame")
+
+    seq = 0
+    for trial in range(64):
+        for _ in range(200):
+            if seq + 2 <= st["credit"]:
+                break
+            await step()
+        else:
+            raise AssertionError("no credit for the next two frames")
+        given.append((seq, await send(seq)))
+        for _ in range(trial % 16):
+            await step()
+        bad = seq + 1
+        await send(bad, flip=True)
+        for _ in range(ACK_BOUND):
+            if bad in st["naks"]:
+                break
+            await step()
+        assert st["naks"] == [bad], \
+            (f"trial {trial} (gap {trial % 16}): NAKs {st['naks']} within {ACK_BOUND} cycles "
+             f"of bad frame {bad}, want one NAK({bad})")
+        for _ in range(ACK_BOUND):
+            await step()
+        assert st["naks"] == [bad], f"trial {trial}: NAKs {st['naks']}, want one NAK({bad})"
+        st["naks"] = []
+        seq = bad                         # the go-back: frame s + 1 again, whole
+    for _ in range(100):
+        await step()
+    want = [(b, int(i == len(p) - 1), 0x9000 + s) for s, p in given for i, b in enumerate(p)]
+    assert port.got == want, "the frames delivered are not the good frames sent"
+    assert port.crc_errors == 64

@@ -3,8 +3,9 @@
 no LinkPort sends. The fabric (sim/fabric.py) joins ports to ports through a channel that
 drops frames and flips bits at random; these tests reach what that cannot:
 
-- a control frame's CRC covers the whole beat, the 384 bits above the trailer included: an
-  ACK with those bits set, and its CRC over them, is taken; the same frame with one of them
+- a control frame's CRC covers the whole beat, the 384 bits above the trailer and the
+  trailer's fields a control frame does not use (seq, len, pad, tag) included: an ACK with
+  those bits set, and its CRC over them, is taken; the same frame with one of them
   flipped after its CRC is refused (a CRC error, the sender's window unmoved);
 - ``rx``'s payload is ignored while ``rx_valid`` is low (AXI4-Stream): idle cycles carry
   random bits, ``last`` among them, between the beats of frames, of a frame the receiver
@@ -21,7 +22,7 @@ Every frame the port sends is checked as it goes: its CRC field matches its cont
 frame's payload and tag are those its user gave under that sequence number.
 
 Parameters arrive in the environment: GPTFPGA_PARAMS (JSON: data_bits, frame_beats,
-rx_frames, timeout) and GPTFPGA_SEED. The top is the port as Verilog with its flat ports
+rx_frames, timeout, retries) and GPTFPGA_SEED. The top is the port as Verilog with its flat ports
 (``rx_payload``, ``send_payload``, ...): the port itself, or sim/mutate.py's mutant wrapper.
 """
 
@@ -41,6 +42,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 P = json.loads(os.environ["GPTFPGA_PARAMS"])
 SEED = int(os.environ.get("GPTFPGA_SEED", "1"))
 D, F, R, TIMEOUT = P["data_bits"], P["frame_beats"], P["rx_frames"], P["timeout"]
+RETRIES = P["retries"]
 BEAT_BYTES = D // 8
 KIND_DATA, KIND_ACK, KIND_NAK = 1, 2, 3
 # Trailer (the low 128 bits of a trailer beat): (offset, width) of each field
@@ -113,6 +115,8 @@ class Port:
         self.recv_ready = 1
         self.cycle = 0
         self.crc_errors = self.retx = 0
+        self.dead_ok = False            # a test that waits for the link to be reported dead
+        self.dead_at = None             # the cycle ``error`` was first seen
         self.sent = {}                  # seq -> (payload, tag): the user's frames, in order
         self._fill = []                 # beats of the user's frame being taken
         self._next = 0
@@ -170,7 +174,10 @@ class Port:
                 self._cur = []
         self.crc_errors += int(d.crc_error.value)
         self.retx += int(d.retx.value)
-        assert not int(d.error.value), "the port reports its link dead"
+        if int(d.error.value):
+            assert self.dead_ok, "the port reports its link dead"
+            if self.dead_at is None:
+                self.dead_at = self.cycle
         await RisingEdge(d.clk)
         self.cycle += 1
 
@@ -217,7 +224,7 @@ def setup(dut):
 async def control_crc_covers_the_whole_beat(dut):
     port, rng = setup(dut)
     await port.reset()
-    for i in range(16):
+    for i in range(24):
         port.user.append((rng.getrandbits(D), 1, 1000 + i))
     # the receiver's initial credit: R frames, then the sender waits
     await port.run(200)
@@ -242,6 +249,15 @@ async def control_crc_covers_the_whole_beat(dut):
     n = len(port.frames)
     await port.until(lambda: any(s == 15 for s, _ in port.data_frames(n)), 300,
                      "an ACK with random bits above its trailer (CRC over them) was not taken")
+    # the trailer's fields a control frame does not use (seq, len, pad, tag) all ones, and
+    # random bits above it, the CRC over all of them: taken
+    unused = trailer(kind=KIND_ACK, seq=0xFFFF, ack=16, credit=16 + R, len=0xFF, pad=0x3F,
+                     tag=0xFFFFFFFF)
+    port.rx.append((with_crc([unused | rng.getrandbits(D - 128) << 128])[0], 1))
+    n = len(port.frames)
+    await port.until(lambda: any(s == 23 for s, _ in port.data_frames(n)), 300,
+                     "an ACK with its unused trailer fields set (CRC over them) was not taken")
+    assert port.crc_errors == 7
 
 
 @cocotb.test()
@@ -431,14 +447,17 @@ async def every_event_is_acknowledged(dut):
       frame is delivered in order.
 
     The peer sends frames of 1 to 4 beats (most of one) within the credit, after gaps of 0
-    to 30 idle cycles; the user alternates spells of 1 to 20 cycles of random or full ready
-    (events close together, ACKs merging) with stalls of 20 to 60 cycles (the last event of
-    a spell then has no later event to carry its news)."""
+    to 30 idle cycles, each with a random 32-bit tag; the user alternates spells of 1 to 20
+    cycles of random or full ready (events close together, ACKs merging) with stalls of 20
+    to 60 cycles (the last event of a spell then has no later event to carry its news).
+    Last, every beat is delivered in order with its frame's tag (every bit of it, through
+    stalls that hold a beat on ``recv``) and ``last``."""
     port, rng = setup(dut)
     await port.reset()
     n = 1000
     lengths = [rng.choice((1, 1, 2, 3, 4)) for _ in range(n)]
     frames = [[rng.getrandbits(D) for _ in range(k)] for k in lengths]
+    tags = [rng.getrandbits(32) for _ in range(n)]     # every bit of a tag, held while stalled
     ends = list(itertools.accumulate(lengths))
     peer = {"next": 0, "credit": R, "ack": 0, "seen": 0, "gap": 0, "in_flight": None}
     due = []                        # (deadline cycle, field, value it must reach, what)
@@ -473,7 +492,7 @@ async def every_event_is_acknowledged(dut):
                 peer["gap"] -= 1
             else:
                 s = peer["next"]
-                beats = data_frame(frames[s], s, 0x7000 + s)
+                beats = data_frame(frames[s], s, tags[s])
                 port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
                 peer.update(next=s + 1, in_flight=s, gap=rng.choice((0, 0, 0, 1, 2, 5, 30)))
         # the user: spells of random ready, and stalls
@@ -498,9 +517,9 @@ async def every_event_is_acknowledged(dut):
     await port.run(ACK_BOUND + 4)
     take_acks()
     assert not due, due
-    want = [(b, int(i == len(frames[s]) - 1), 0x7000 + s) for s in range(n)
+    want = [(b, int(i == len(frames[s]) - 1), tags[s]) for s in range(n)
             for i, b in enumerate(frames[s])]
-    assert port.got == want, "the beats delivered are not the frames sent"
+    assert port.got == want, "the beats delivered are not the frames sent (data, last, tag)"
     assert port.crc_errors == 0 and port.retx == 0
     log.info("%d frames in %d cycles, %d ACKs", n, port.cycle, len(port.frames))
 
@@ -573,3 +592,41 @@ async def nak_for_every_bad_frame(dut):
     want = [(b, int(i == len(p) - 1), 0x9000 + s) for s, p in given for i, b in enumerate(p)]
     assert port.got == want, "the frames delivered are not the good frames sent"
     assert port.crc_errors == 64
+
+
+@cocotb.test()
+async def link_dead_after_retries_in_a_row(dut):
+    """Contract (hw/collective/link.py): the sender "goes back to the first unacknowledged
+    frame ... when no acknowledgement has come for ``timeout`` cycles, and reports the link
+    dead after ``retries`` timeouts in a row". The peer never answers frame 0: it is resent
+    at each of 5 timeouts; then an ACK of it (progress) starts the count again. Frame 1 then
+    goes unanswered: it is resent exactly ``retries`` times, one a timeout apart, and the
+    port reports its link dead at the next timeout, not before; nothing is sent after."""
+    port, rng = setup(dut)
+    await port.reset()
+    port.dead_ok = True
+    def give(tag):
+        port.user.extend([(rng.getrandbits(D), 0, tag), (rng.getrandbits(D), 1, tag)])
+
+    give(0x1111)
+    await port.until(lambda: port.data_frames(), 100, "the port did not send frame 0")
+    await port.until(lambda: len(port.data_frames()) == 6, 6 * TIMEOUT + 500,
+                     "frame 0 was not resent 5 times")
+    assert [s for s, _ in port.data_frames()] == [0] * 6 and port.retx == 5
+    assert port.dead_at is None
+    port.rx.append((ctl_frame(KIND_ACK, 1, 1 + R), 1))
+    give(0x2222)
+    await port.until(lambda: any(s == 1 for s, _ in port.data_frames()), 100,
+                     "frame 1 was not sent after frame 0 was acknowledged")
+    n = len(port.frames)
+    sent_at = port.cycle
+    await port.until(lambda: port.dead_at is not None, (RETRIES + 2) * (TIMEOUT + 100),
+                     "the link was not reported dead")
+    resent = [s for s, _ in port.data_frames(n)]
+    assert resent == [1] * RETRIES and port.retx == 5 + RETRIES, \
+        (f"frame 1 resent {len(resent)} times ({resent}) before the link was reported dead, "
+         f"want {RETRIES} (retries), after 5 timeouts of frame 0 that an ACK ended")
+    assert port.dead_at - sent_at >= (RETRIES + 1) * TIMEOUT, \
+        f"the link reported dead {port.dead_at - sent_at} cycles after frame 1 was sent"
+    await port.run(2 * TIMEOUT)
+    assert len(port.frames) == n + RETRIES, "frames sent after the link was reported dead"

@@ -632,6 +632,14 @@ LINK_RELATIONS = {
                   "pad; f2 copies f1): the mutation forces bit 3 of f1's pad (f1 bit 62) to 0",
                   invariants=[("ltx.f1", 59, 65, "==", 0, None),
                               ("ltx.f2", 59, 65, "==", 0, None)])),
+    75: ("-mode cnot1 -module mut_link_port -cell $flatten\\ltx.$procdff$6080 -port Q -portbit 57 "
+         "-ctrlbit 33 -wire ltx.t2 -wirebit 56 ",
+         Relation("the sender's trailer pipeline f1 -> f2: a data frame's trailer has no ack "
+                  "field (bits 18-33), 0 in every state (reset 0; the fill never assigns it; f2 "
+                  "copies f1): the mutation flips bit 6 of f2's len only where bit 14 of that "
+                  "ack field (f2 bit 33) is set",
+                  invariants=[("ltx.f1", 19, 35, "==", 0, None),
+                              ("ltx.f2", 19, 35, "==", 0, None)])),
 }
 
 

@@ -59,7 +59,8 @@ def run_port_tests(test_dir, *, seed=1, testcase=None):
         (test_dir / "mutsel.txt").write_text(f"{mutsel}\n")
     p = params()
     env = {"GPTFPGA_PARAMS": json.dumps({"data_bits": p.data_bits, "frame_beats": p.frame_beats,
-                                         "rx_frames": p.rx_frames, "timeout": p.timeout}),
+                                         "rx_frames": p.rx_frames, "timeout": p.timeout,
+                                         "retries": p.retries}),
            "GPTFPGA_SEED": str(seed)}
     results = test_dir / "results.xml"
     results.unlink(missing_ok=True)

@@ -625,6 +625,21 @@ LINK_RELATIONS = {
                               ("ltx.f2", 58, 59, "==", 0, ("ltx.f2", 0))],
                   contract="!(send_valid && gold_send_ready && {ltx.k} == 8'd63 && "
                            "!send_payload[512])")),
+    74: ("-mode const0 -module mut_link_port -cell $flatten\\ltx.$procdff$6081 -port Q -portbit 62 "
+         "-wire ltx.f1 -wirebit 62 ",
+         Relation("the sender's trailer pipeline f1 -> f2: the trailer's pad field (bits 58-63) "
+                  "is 0 in every state (reset 0; the fill assigns kind, seq, len and tag, never "
+                  "pad; f2 copies f1): the mutation forces bit 3 of f1's pad (f1 bit 62) to 0",
+                  invariants=[("ltx.f1", 59, 65, "==", 0, None),
+                              ("ltx.f2", 59, 65, "==", 0, None)])),
+    75: ("-mode cnot1 -module mut_link_port -cell $flatten\\ltx.$procdff$6080 -port Q -portbit 57 "
+         "-ctrlbit 33 -wire ltx.t2 -wirebit 56 ",
+         Relation("the sender's trailer pipeline f1 -> f2: a data frame's trailer has no ack "
+                  "field (bits 18-33), 0 in every state (reset 0; the fill never assigns it; f2 "
+                  "copies f1): the mutation flips bit 6 of f2's len only where bit 14 of that "
+                  "ack field (f2 bit 33) is set",
+                  invariants=[("ltx.f1", 19, 35, "==", 0, None),
+                              ("ltx.f2", 19, 35, "==", 0, None)])),
 }
 
 

@@ -243,7 +243,7 @@ def test_port_driven_directly(tmp_path, seed):
     never sent), and the receive side's credit, beat-exact, under a user that stalls and
     resumes."""
     from sim.link_dut import run_port_tests
-    assert run_port_tests(tmp_path, seed=seed) == 4
+    assert run_port_tests(tmp_path, seed=seed) == 7
 
 
 def test_relational_proof(tmp_path):

@@ -343,6 +343,25 @@ class LinkRx(wiring.Component):
         nak_sent_for = Signal(SEQ_BITS + 1)    # bit 16: a NAK was sent for `expected`
         want_ack = Signal()
         want_nak = Signal()
+
+        # -- control frames to send ---------------------------------------------------------------
+        # The flags are cleared here, before the statements below that set them: a frame
+        # accepted, a duplicate or a frame consumed in the very cycle a pending ACK is taken
+        # leaves want_ack set (the ACK taken carries the state from before it), and so does a
+        # bad frame in the cycle an ACK or a NAK is taken for want_nak (a NAK is still sent once
+        # per expected sequence number: nak_due). Later statements win in Amaranth.
+        nak_due = want_nak & ~(nak_sent_for[SEQ_BITS] & (nak_sent_for[0:SEQ_BITS] == expected))
+        m.d.comb += [self.ctl_valid.eq(want_ack | nak_due),
+                     self.ctl_kind.eq(Mux(nak_due, KIND_NAK, KIND_ACK)),
+                     self.ctl_seq.eq(expected), self.ctl_credit.eq(delivered + R)]
+        with m.If(self.ctl_valid & self.ctl_ready):
+            with m.If(nak_due):
+                m.d.sync += [want_nak.eq(0), nak_sent_for.eq(Cat(expected, Const(1, 1)))]
+            with m.Else():
+                m.d.sync += [want_ack.eq(0), want_nak.eq(0)]
+        with m.Elif(want_nak & ~nak_due):
+            m.d.sync += want_nak.eq(0)
+
         with m.If(chk.v):
             held = chk.t
             crc_ok = Mux(chk.par, c1.crc, c0.crc) == held.crc
@@ -385,18 +404,6 @@ class LinkRx(wiring.Component):
         m.d.comb += [out_beat.data.eq(br.data), out_beat.last.eq(rd_last), out_beat.tag.eq(rd_tag),
                      out_fifo.w_en.eq(rd_pending), out_fifo.w_data.eq(out_beat)]
 
-        # -- control frames to send ---------------------------------------------------------------
-        nak_due = want_nak & ~(nak_sent_for[SEQ_BITS] & (nak_sent_for[0:SEQ_BITS] == expected))
-        m.d.comb += [self.ctl_valid.eq(want_ack | nak_due),
-                     self.ctl_kind.eq(Mux(nak_due, KIND_NAK, KIND_ACK)),
-                     self.ctl_seq.eq(expected), self.ctl_credit.eq(delivered + R)]
-        with m.If(self.ctl_valid & self.ctl_ready):
-            with m.If(nak_due):
-                m.d.sync += [want_nak.eq(0), nak_sent_for.eq(Cat(expected, Const(1, 1)))]
-            with m.Else():
-                m.d.sync += [want_ack.eq(0), want_nak.eq(0)]
-        with m.Elif(want_nak & ~nak_due):
-            m.d.sync += want_nak.eq(0)
         return m
 
 

@@ -3,8 +3,9 @@
 no LinkPort sends. The fabric (sim/fabric.py) joins ports to ports through a channel that
 drops frames and flips bits at random; these tests reach what that cannot:
 
-- a control frame's CRC covers the whole beat, the 384 bits above the trailer included: an
-  ACK with those bits set, and its CRC over them, is taken; the same frame with one of them
+- a control frame's CRC covers the whole beat, the 384 bits above the trailer and the
+  trailer's fields a control frame does not use (seq, len, pad, tag) included: an ACK with
+  those bits set, and its CRC over them, is taken; the same frame with one of them
   flipped after its CRC is refused (a CRC error, the sender's window unmoved);
 - ``rx``'s payload is ignored while ``rx_valid`` is low (AXI4-Stream): idle cycles carry
   random bits, ``last`` among them, between the beats of frames, of a frame the receiver
@@ -12,13 +13,16 @@ drops frames and flips bits at random; these tests reach what that cannot:
 - an ACK that acknowledges frames the port has not sent does not move its window: the frame
   it has sent is still resent at the timeout, whole;
 - the receive side's flow control, beat-exact, while its user stalls and resumes: the credit
-  it advertises is its frame buffer plus exactly ``READ_AHEAD`` beats read ahead of its user.
+  it advertises is its frame buffer plus exactly ``READ_AHEAD`` beats read ahead of its user;
+- every frame the receive side accepts, and every frame it consumes, is told to the peer by
+  an ACK within ``ACK_BOUND`` cycles, with no resend from the peer (an ACK event in the very
+  cycle a pending ACK is taken is not merged into it and lost).
 
 Every frame the port sends is checked as it goes: its CRC field matches its content, a data
 frame's payload and tag are those its user gave under that sequence number.
 
 Parameters arrive in the environment: GPTFPGA_PARAMS (JSON: data_bits, frame_beats,
-rx_frames, timeout) and GPTFPGA_SEED. The top is the port as Verilog with its flat ports
+rx_frames, timeout, retries) and GPTFPGA_SEED. The top is the port as Verilog with its flat ports
 (``rx_payload``, ``send_payload``, ...): the port itself, or sim/mutate.py's mutant wrapper.
 """
 
@@ -38,6 +42,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 P = json.loads(os.environ["GPTFPGA_PARAMS"])
 SEED = int(os.environ.get("GPTFPGA_SEED", "1"))
 D, F, R, TIMEOUT = P["data_bits"], P["frame_beats"], P["rx_frames"], P["timeout"]
+RETRIES = P["retries"]
 BEAT_BYTES = D // 8
 KIND_DATA, KIND_ACK, KIND_NAK = 1, 2, 3
 # Trailer (the low 128 bits of a trailer beat): (offset, width) of each field
@@ -49,6 +54,11 @@ LAST = 1 << D                 # Beat: data, then last
 # into its 8-deep output FIFO, ahead of its user, while that FIFO and the read in flight hold
 # fewer than 6 beats (``(out_fifo.level + rd_pending) < 6``), and no further.
 READ_AHEAD = 6
+# The cycles from an event the receive side acknowledges (a data frame's trailer taken from
+# ``rx``, a frame's last beat taken by the user) to the ACK that reports it on ``tx``: the
+# frame's check (1), want_ack set (1), an ACK already being sent (its CRC, then its beat: 3),
+# this one's (3), with room to spare. Not a cycle count the port must meet exactly.
+ACK_BOUND = 16
 
 
 def field(t, name):
@@ -105,6 +115,8 @@ class Port:
         self.recv_ready = 1
         self.cycle = 0
         self.crc_errors = self.retx = 0
+        self.dead_ok = False            # a test that waits for the link to be reported dead
+        self.dead_at = None             # the cycle ``error`` was first seen
         self.sent = {}                  # seq -> (payload, tag): the user's frames, in order
         self._fill = []                 # beats of the user's frame being taken
         self._next = 0
@@ -162,7 +174,10 @@ class Port:
                 self._cur = []
         self.crc_errors += int(d.crc_error.value)
         self.retx += int(d.retx.value)
-        assert not int(d.error.value), "the port reports its link dead"
+        if int(d.error.value):
+            assert self.dead_ok, "the port reports its link dead"
+            if self.dead_at is None:
+                self.dead_at = self.cycle
         await RisingEdge(d.clk)
         self.cycle += 1
 
@@ -209,7 +224,7 @@ def setup(dut):
 async def control_crc_covers_the_whole_beat(dut):
     port, rng = setup(dut)
     await port.reset()
-    for i in range(16):
+    for i in range(24):
         port.user.append((rng.getrandbits(D), 1, 1000 + i))
     # the receiver's initial credit: R frames, then the sender waits
     await port.run(200)
@@ -234,6 +249,15 @@ async def control_crc_covers_the_whole_beat(dut):
     n = len(port.frames)
     await port.until(lambda: any(s == 15 for s, _ in port.data_frames(n)), 300,
                      "an ACK with random bits above its trailer (CRC over them) was not taken")
+    # the trailer's fields a control frame does not use (seq, len, pad, tag) all ones, and
+    # random bits above it, the CRC over all of them: taken
+    unused = trailer(kind=KIND_ACK, seq=0xFFFF, ack=16, credit=16 + R, len=0xFF, pad=0x3F,
+                     tag=0xFFFFFFFF)
+    port.rx.append((with_crc([unused | rng.getrandbits(D - 128) << 128])[0], 1))
+    n = len(port.frames)
+    await port.until(lambda: any(s == 23 for s, _ in port.data_frames(n)), 300,
+                     "an ACK with its unused trailer fields set (CRC over them) was not taken")
+    assert port.crc_errors == 7
 
 
 @cocotb.test()
@@ -312,8 +336,8 @@ async def credit_under_back_pressure(dut):
     - the test is the peer and sends only within the credit: no frame is dropped (no NAK
       ever, every frame acknowledged);
     - once the user has stalled long enough, the credit is exactly R + W(U + READ_AHEAD)
-      and acknowledges every frame sent: the port holds its whole buffer and read-ahead.
-      (The peer asks where the port stands by resending its last frame: see ``settle``);
+      and acknowledges every frame sent: the port holds its whole buffer and read-ahead, and
+      says so by its ACKs alone (the peer never resends: see ``settle``);
     - a user ready in every cycle of a burst gets a beat in every one of them.
 
     The user's pattern: a stall from reset, then rounds of a burst of 1 to 12 beats (ready
@@ -361,40 +385,26 @@ async def credit_under_back_pressure(dut):
             await port.step()
         take_acks()
 
-    async def settle():
-        """The port's state as its ACKs tell it: the peer resends its last frame, as a
-        go-back-N sender resends what has gone unacknowledged, and the port must answer the
-        duplicate with ACK(next expected, credit) ("tell the sender where we are"), until a
-        round brings an ACK and changes nothing. (The port's ACKs alone can leave the peer
-        behind: a frame accepted, or consumed, in the very cycle that a pending ACK is taken
-        gets no ACK of its own, the ACK taken carrying the state before it; until a later
-        event, only a resend tells the peer.)"""
-        for _ in range(10):
-            await port.until(lambda: not port.rx, 100, "the peer's frame was not taken")
-            before, n = (peer["credit"], peer["ack"], peer["next"]), len(port.frames)
-            s = peer["next"] - 1
-            beats = data_frame(frames[s], s, 0x5000 + s)
-            port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
-            await cycles(40)
-            after = (peer["credit"], peer["ack"], peer["next"])
-            if len(port.frames) > n and after == before:
-                return
-            if after != before:
-                logging.getLogger("cocotb").info(
-                    "cycle %d: the resent frame brought (credit, ack, frames sent) %s -> %s",
-                    port.cycle, before, after)
-        raise AssertionError(f"cycle {port.cycle}: the port's ACKs do not settle")
+    async def settle(limit=300):
+        """The port's state as its ACKs alone tell it (the peer resends nothing): within
+        ``limit`` cycles its credit and acknowledgement reach what the port holds, and stay."""
+        u = len(port.got)
+        want = R + whole(u + READ_AHEAD)
+        for _ in range(limit):
+            if (peer["credit"], peer["ack"], peer["next"]) == (want, want, want):
+                break
+            await cycles(1)
+        await cycles(40)
+        return u, want
 
     async def stall(n=150):
         port.recv_ready = 0
         await cycles(n)
-        await settle()
-        u = len(port.got)
-        want = R + whole(u + READ_AHEAD)
+        u, want = await settle()
         assert (peer["credit"], peer["ack"], peer["next"]) == (want, want, want), \
             (f"cycle {port.cycle}: user stalled after {u} beats: credit {peer['credit']}, "
              f"ack {peer['ack']} of {peer['next']} frames sent; want {want} (R + the frames "
-             f"within {READ_AHEAD} beats ahead)")
+             f"within {READ_AHEAD} beats ahead), by the port's ACKs alone")
 
     await stall()
     for rnd in range(40):
@@ -421,3 +431,202 @@ async def credit_under_back_pressure(dut):
     await cycles(20)
     assert port.got == want, "the beats delivered are not the frames sent"
     assert port.crc_errors == 0
+
+
+@cocotb.test()
+async def every_event_is_acknowledged(dut):
+    """Contract (hw/collective/link.py): the receiver "answers ACK(next expected, credit) as
+    frames arrive and are consumed"; ACKs still pending merge, so one ACK may report several
+    events, but none is lost. So, with the peer sending nothing twice:
+
+    - once the port has taken the trailer of data frame s (within credit, good CRC), an ACK
+      with acknowledgement >= s + 1 is on ``tx`` within ``ACK_BOUND`` cycles;
+    - once its user has taken the last beat of frame s (so the port has consumed it), an ACK
+      with credit >= s + 1 + R is on ``tx`` within ``ACK_BOUND`` cycles;
+    - every control frame is an ACK, credits and acknowledgements never go back, and every
+      frame is delivered in order.
+
+    The peer sends frames of 1 to 4 beats (most of one) within the credit, after gaps of 0
+    to 30 idle cycles, each with a random 32-bit tag; the user alternates spells of 1 to 20
+    cycles of random or full ready (events close together, ACKs merging) with stalls of 20
+    to 60 cycles (the last event of a spell then has no later event to carry its news).
+    Last, every beat is delivered in order with its frame's tag (every bit of it, through
+    stalls that hold a beat on ``recv``) and ``last``."""
+    port, rng = setup(dut)
+    await port.reset()
+    n = 1000
+    lengths = [rng.choice((1, 1, 2, 3, 4)) for _ in range(n)]
+    frames = [[rng.getrandbits(D) for _ in range(k)] for k in lengths]
+    tags = [rng.getrandbits(32) for _ in range(n)]     # every bit of a tag, held while stalled
+    ends = list(itertools.accumulate(lengths))
+    peer = {"next": 0, "credit": R, "ack": 0, "seen": 0, "gap": 0, "in_flight": None}
+    due = []                        # (deadline cycle, field, value it must reach, what)
+    log = logging.getLogger("cocotb")
+
+    def take_acks():
+        for f in port.frames[peer["seen"]:]:
+            assert len(f) == 1, "the port sent a data frame: its user gave none"
+            t = f[0]
+            assert field(t, "kind") == KIND_ACK, f"cycle {port.cycle}: a NAK (no frame was lost)"
+            ack, credit = field(t, "ack"), field(t, "credit")
+            assert peer["ack"] <= ack <= peer["next"], (port.cycle, ack, peer)
+            assert peer["credit"] <= credit, (port.cycle, credit, peer)
+            peer.update(ack=ack, credit=credit)
+        peer["seen"] = len(port.frames)
+        for item in list(due):
+            deadline, name, value, what = item
+            if peer[name] >= value:
+                due.remove(item)
+            else:
+                assert port.cycle <= deadline, \
+                    (f"cycle {port.cycle}: {what} at cycle {deadline - ACK_BOUND}, and no ACK "
+                     f"with {name} >= {value} within {ACK_BOUND} cycles ({name} "
+                     f"{peer[name]}): the peer would have to resend")
+
+    usr = {"mode": "random", "left": 0, "p": 0.5}
+    got_frames = 0
+    while got_frames < n:
+        # the peer: the next frame within the credit, after its gap
+        if peer["in_flight"] is None and peer["next"] < n and peer["next"] < peer["credit"]:
+            if peer["gap"] > 0:
+                peer["gap"] -= 1
+            else:
+                s = peer["next"]
+                beats = data_frame(frames[s], s, tags[s])
+                port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+                peer.update(next=s + 1, in_flight=s, gap=rng.choice((0, 0, 0, 1, 2, 5, 30)))
+        # the user: spells of random ready, and stalls
+        if usr["left"] == 0:
+            usr["mode"] = rng.choice(("random", "stall"))
+            usr["left"] = rng.randint(1, 20) if usr["mode"] == "random" else rng.randint(20, 60)
+            usr["p"] = rng.choice((0.5, 1.0, 1.0))
+        usr["left"] -= 1
+        port.recv_ready = int(usr["mode"] == "random" and rng.random() < usr["p"])
+        before = len(port.got)
+        await port.step()
+        if peer["in_flight"] is not None and not port.rx:       # its trailer taken
+            s = peer["in_flight"]
+            due.append((port.cycle + ACK_BOUND, "ack", s + 1, f"frame {s} taken"))
+            peer["in_flight"] = None
+        while got_frames < n and len(port.got) >= ends[got_frames] > before:
+            s = got_frames
+            due.append((port.cycle + ACK_BOUND, "credit", s + 1 + R, f"frame {s} delivered"))
+            got_frames += 1
+        take_acks()
+        assert port.cycle < 40 * n, "the frames were not delivered"
+    await port.run(ACK_BOUND + 4)
+    take_acks()
+    assert not due, due
+    want = [(b, int(i == len(frames[s]) - 1), tags[s]) for s in range(n)
+            for i, b in enumerate(frames[s])]
+    assert port.got == want, "the beats delivered are not the frames sent (data, last, tag)"
+    assert port.crc_errors == 0 and port.retx == 0
+    log.info("%d frames in %d cycles, %d ACKs", n, port.cycle, len(port.frames))
+
+
+@cocotb.test()
+async def nak_for_every_bad_frame(dut):
+    """Contract (hw/collective/link.py): the receiver answers "NAK(next expected) once when it
+    sees a bad or out-of-order frame": once per expected sequence number, and not lost to an
+    ACK going out at the same time. The peer sends good frame s, then, after 0 to 15 idle
+    cycles (so that the bad frame's check falls on every cycle of the port's ACK traffic for
+    frame s: its accept, its consumption), frame s + 1 with one payload bit flipped after its
+    CRC; within ``ACK_BOUND`` cycles of that frame's trailer the port must send NAK(s + 1),
+    exactly one. The peer then goes back and sends s + 1 whole; at the end every good frame
+    is delivered once, in order."""
+    port, rng = setup(dut)
+    await port.reset()
+    st = {"seen": 0, "credit": R, "naks": []}
+    given = []
+
+    async def step():
+        await port.step()
+        for f in port.frames[st["seen"]:]:
+            assert len(f) == 1, "the port sent a data frame: its user gave none"
+            kind, ack = field(f[0], "kind"), field(f[0], "ack")
+            if kind == KIND_NAK:
+                st["naks"].append(ack)
+            else:
+                st["credit"] = max(st["credit"], field(f[0], "credit"))
+        st["seen"] = len(port.frames)
+
+    async def send(seq, flip=False):
+        payload = [rng.getrandbits(D) for _ in range(rng.randint(1, 2))]
+        beats = data_frame(payload, seq, 0x9000 + seq)
+        if flip:
+            beats[rng.randrange(len(payload))] ^= 1 << rng.randrange(D)
+        port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+        for _ in range(100):
+            if not port.rx:
+                return payload
+            await step()
+        raise AssertionError("the port did not take the frame")
+
+    seq = 0
+    for trial in range(64):
+        for _ in range(200):
+            if seq + 2 <= st["credit"]:
+                break
+            await step()
+        else:
+            raise AssertionError("no credit for the next two frames")
+        given.append((seq, await send(seq)))
+        for _ in range(trial % 16):
+            await step()
+        bad = seq + 1
+        await send(bad, flip=True)
+        for _ in range(ACK_BOUND):
+            if bad in st["naks"]:
+                break
+            await step()
+        assert st["naks"] == [bad], \
+            (f"trial {trial} (gap {trial % 16}): NAKs {st['naks']} within {ACK_BOUND} cycles "
+             f"of bad frame {bad}, want one NAK({bad})")
+        for _ in range(ACK_BOUND):
+            await step()
+        assert st["naks"] == [bad], f"trial {trial}: NAKs {st['naks']}, want one NAK({bad})"
+        st["naks"] = []
+        seq = bad                         # the go-back: frame s + 1 again, whole
+    for _ in range(100):
+        await step()
+    want = [(b, int(i == len(p) - 1), 0x9000 + s) for s, p in given for i, b in enumerate(p)]
+    assert port.got == want, "the frames delivered are not the good frames sent"
+    assert port.crc_errors == 64
+
+
+@cocotb.test()
+async def link_dead_after_retries_in_a_row(dut):
+    """Contract (hw/collective/link.py): the sender "goes back to the first unacknowledged
+    frame ... when no acknowledgement has come for ``timeout`` cycles, and reports the link
+    dead after ``retries`` timeouts in a row". The peer never answers frame 0: it is resent
+    at each of 5 timeouts; then an ACK of it (progress) starts the count again. Frame 1 then
+    goes unanswered: it is resent exactly ``retries`` times, one a timeout apart, and the
+    port reports its link dead at the next timeout, not before; nothing is sent after."""
+    port, rng = setup(dut)
+    await port.reset()
+    port.dead_ok = True
+    def give(tag):
+        port.user.extend([(rng.getrandbits(D), 0, tag), (rng.getrandbits(D), 1, tag)])
+
+    give(0x1111)
+    await port.until(lambda: port.data_frames(), 100, "the port did not send frame 0")
+    await port.until(lambda: len(port.data_frames()) == 6, 6 * TIMEOUT + 500,
+                     "frame 0 was not resent 5 times")
+    assert [s for s, _ in port.data_frames()] == [0] * 6 and port.retx == 5
+    assert port.dead_at is None
+    port.rx.append((ctl_frame(KIND_ACK, 1, 1 + R), 1))
+    give(0x2222)
+    await port.until(lambda: any(s == 1 for s, _ in port.data_frames()), 100,
+                     "frame 1 was not sent after frame 0 was acknowledged")
+    n = len(port.frames)
+    sent_at = port.cycle
+    await port.until(lambda: port.dead_at is not None, (RETRIES + 2) * (TIMEOUT + 100),
+                     "the link was not reported dead")
+    resent = [s for s, _ in port.data_frames(n)]
+    assert resent == [1] * RETRIES and port.retx == 5 + RETRIES, \
+        (f"frame 1 resent {len(resent)} times ({resent}) before the link was reported dead, "
+         f"want {RETRIES} (retries), after 5 timeouts of frame 0 that an ACK ended")
+    assert port.dead_at - sent_at >= (RETRIES + 1) * TIMEOUT, \
+        f"the link reported dead {port.dead_at - sent_at} cycles after frame 1 was sent"
+    await port.run(2 * TIMEOUT)
+    assert len(port.frames) == n + RETRIES, "frames sent after the link was reported dead"

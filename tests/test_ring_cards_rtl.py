@@ -105,9 +105,12 @@ def test_coll_matches_iss_ring(tiny, card_lib, cards, bidirectional, seed):
 
 
 def test_coll_survives_a_lossy_link(tiny, card_lib, seed):
+    # The link models draw their faults from a fixed sequence: these rates give a few dropped
+    # and a few dozen flipped beats on this collective (dropped 3, flipped 21 of 93 frames once
+    # LinkRx stopped losing ACKs, which removed resends and with them the flips of 2e-5).
     def faults(rtl):
-        rtl.set_link(0, +1, ber=2e-5, drop=0.05)
-        rtl.set_link(1, -1, drop=0.05)
+        rtl.set_link(0, +1, ber=8e-5, drop=0.1)
+        rtl.set_link(1, -1, drop=0.1)
     lay, prog, iss, rtl, st_iss, st_rtl = _run_both(tiny, 2, seed, card_lib, setup=faults)
     assert st_rtl == st_iss == [(len(prog) - 1) << 8] * 2
     for i in range(2):
@@ -115,6 +118,7 @@ def test_coll_survives_a_lossy_link(tiny, card_lib, seed):
         b = read_stripes(rtl.devices[i], tiny, lay.dump_row, lay.dump_rows)
         assert np.array_equal(a, b), f"card {i}"
     s = rtl.link_stats()
+    print("link stats", s)
     assert s["dropped"] > 0 and s["flipped"] > 0 and s["bad_crc_frames"] == 0
     c = [d.counters() for d in rtl.devices]
     assert sum(x["link_retx"] for x in c) > 0 and sum(x["link_crc_errors"] for x in c) > 0

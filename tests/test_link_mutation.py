@@ -19,9 +19,11 @@ On one port driven directly by a cocotb test (sim/tb/tb_link_port.py, sim/link_d
 a LinkPort never sends and so the fabric cannot put on the wire: a control frame's CRC over
 the bits above its trailer (three receiving-CRC mutants ignored one of those bits), random
 payload on idle cycles (a receiver that updated its drop flag from them), an ACK of frames
-never sent (a sender that took it); and, what the fabric never checks, the credit the
-receive side advertises while its user stalls: its buffer of R frames plus exactly the six
-beats its output stage reads ahead (a receiver that read seven ahead).
+never sent (a sender that took it); and, what the fabric never checks: the credit the
+receive side advertises while its user stalls (its buffer of R frames plus exactly the six
+beats its output stage reads ahead: a receiver that read seven ahead), every frame taken or
+consumed acknowledged within a bound with no resend, one NAK for every bad frame, and the
+link reported dead after exactly ``retries`` timeouts in a row.
 
 And the relational proof (sim.mutate.prove_step_related) that shows six other survivors
 equivalent, on a small unit against mutants written by hand.
@@ -240,8 +242,8 @@ def test_port_driven_directly(tmp_path, seed):
     """sim/tb/tb_link_port.py's cocotb tests, on one port with the test as its user and its
     peer: what a LinkPort never sends, the fabric cannot put on the wire (a control frame's
     CRC over the bits above its trailer, random payload on idle cycles, an ACK of frames
-    never sent), and the receive side's credit, beat-exact, under a user that stalls and
-    resumes."""
+    never sent), the receive side's credit, beat-exact, under a user that stalls and
+    resumes, its ACKs and NAKs never lost, and the sender's retry count."""
     from sim.link_dut import run_port_tests
     assert run_port_tests(tmp_path, seed=seed) == 7
 

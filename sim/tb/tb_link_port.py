@@ -203,6 +203,10 @@ class Port:
             await self.step()
         raise AssertionError(f"{what}: not within {limit} cycles")
 
+    def put_frame(self, beats):
+        """Queue a frame's beats on ``rx``, the last marked last."""
+        self.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+
     def data_frames(self, start=0):
         """(seq, beats) of the data frames sent since ``frames[start]``."""
         return [(field(f[-1], "seq"), f) for f in self.frames[start:] if len(f) > 1]
@@ -379,8 +383,7 @@ async def credit_under_back_pressure(dut):
             s = peer["next"]
             if peer["send"] and not port.rx and s < peer["credit"]:
                 assert s < len(frames), "the test ran out of frames"
-                beats = data_frame(frames[s], s, 0x5000 + s)
-                port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+                port.put_frame(data_frame(frames[s], s, 0x5000 + s))
                 peer["next"] = s + 1
             await port.step()
         take_acks()
@@ -492,8 +495,7 @@ async def every_event_is_acknowledged(dut):
                 peer["gap"] -= 1
             else:
                 s = peer["next"]
-                beats = data_frame(frames[s], s, tags[s])
-                port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+                port.put_frame(data_frame(frames[s], s, tags[s]))
                 peer.update(next=s + 1, in_flight=s, gap=rng.choice((0, 0, 0, 1, 2, 5, 30)))
         # the user: spells of random ready, and stalls
         if usr["left"] == 0:
@@ -555,7 +557,7 @@ async def nak_for_every_bad_frame(dut):
         beats = data_frame(payload, seq, 0x9000 + seq)
         if flip:
             beats[rng.randrange(len(payload))] ^= 1 << rng.randrange(D)
-        port.rx.extend((b, i == len(beats) - 1) for i, b in enumerate(beats))
+        port.put_frame(beats)
         for _ in range(100):
             if not port.rx:
                 return payload

@@ -22,8 +22,11 @@ payload on idle cycles (a receiver that updated its drop flag from them), an ACK
 never sent (a sender that took it); and, what the fabric never checks: the credit the
 receive side advertises while its user stalls (its buffer of R frames plus exactly the six
 beats its output stage reads ahead: a receiver that read seven ahead), every frame taken or
-consumed acknowledged within a bound with no resend, one NAK for every bad frame, and the
-link reported dead after exactly ``retries`` timeouts in a row.
+consumed acknowledged within a bound with no resend, one NAK for every bad frame, the
+link reported dead after exactly ``retries`` timeouts in a row, every frame on the wire with
+the fields its kind does not use zero (a sender that set a bit of a data frame's credit field),
+and a go-back behind exactly the six beats the send stage reads ahead of a stalled wire (a
+sender that read eight ahead).
 
 And the relational proof (sim.mutate.prove_step_related) that shows six other survivors
 equivalent, on a small unit against mutants written by hand.
@@ -243,9 +246,10 @@ def test_port_driven_directly(tmp_path, seed):
     peer: what a LinkPort never sends, the fabric cannot put on the wire (a control frame's
     CRC over the bits above its trailer, random payload on idle cycles, an ACK of frames
     never sent), the receive side's credit, beat-exact, under a user that stalls and
-    resumes, its ACKs and NAKs never lost, and the sender's retry count."""
+    resumes, its ACKs and NAKs never lost, the sender's retry count, the unused fields of
+    every frame sent, and the sender's go-back behind its read-ahead on a stalled wire."""
     from sim.link_dut import run_port_tests
-    assert run_port_tests(tmp_path, seed=seed) == 7
+    assert run_port_tests(tmp_path, seed=seed) == 8
 
 
 def test_relational_proof(tmp_path):

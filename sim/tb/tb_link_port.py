@@ -16,10 +16,14 @@ drops frames and flips bits at random; these tests reach what that cannot:
   it advertises is its frame buffer plus exactly ``READ_AHEAD`` beats read ahead of its user;
 - every frame the receive side accepts, and every frame it consumes, is told to the peer by
   an ACK within ``ACK_BOUND`` cycles, with no resend from the peer (an ACK event in the very
-  cycle a pending ACK is taken is not merged into it and lost).
+  cycle a pending ACK is taken is not merged into it and lost);
+- the send side's read-ahead, with the wire stalled: a NAK taken then is obeyed behind
+  exactly the frames started within ``TX_READ_AHEAD`` beats, and no more.
 
 Every frame the port sends is checked as it goes: its CRC field matches its content, a data
-frame's payload and tag are those its user gave under that sequence number.
+frame's payload and tag are those its user gave under that sequence number, the trailer's
+fields its kind does not use (a data frame's ack, credit and pad; a control frame's seq, len,
+pad and tag) and the bits above the trailer are zero.
 
 Parameters arrive in the environment: GPTFPGA_PARAMS (JSON: data_bits, frame_beats,
 rx_frames, timeout, retries) and GPTFPGA_SEED. The top is the port as Verilog with its flat ports
@@ -54,6 +58,10 @@ LAST = 1 << D                 # Beat: data, then last
 # into its 8-deep output FIFO, ahead of its user, while that FIFO and the read in flight hold
 # fewer than 6 beats (``(out_fifo.level + rd_pending) < 6``), and no further.
 READ_AHEAD = 6
+# The sender's read-ahead (LinkTx's send stage), the same bound on the other side: it reads a
+# frame's beats from its window into its 8-deep output FIFO, ahead of the wire, while that FIFO
+# and the read in flight hold fewer than 6 beats, and starts a frame only then.
+TX_READ_AHEAD = 6
 # The cycles from an event the receive side acknowledges (a data frame's trailer taken from
 # ``rx``, a frame's last beat taken by the user) to the ACK that reports it on ``tx``: the
 # frame's check (1), want_ack set (1), an ACK already being sent (its CRC, then its beat: 3),
@@ -113,6 +121,7 @@ class Port:
         self.frames, self.got = [], []
         self._cur = []
         self.recv_ready = 1
+        self.tx_ready = 1               # the wire's ready (0: the peer stalls the port's sends)
         self.cycle = 0
         self.crc_errors = self.retx = 0
         self.dead_ok = False            # a test that waits for the link to be reported dead
@@ -146,7 +155,7 @@ class Port:
             d.send_valid.value = 0
             d.send_payload.value = self.rng.getrandbits(D + 33)
         d.recv_ready.value = self.recv_ready
-        d.tx_ready.value = 1
+        d.tx_ready.value = self.tx_ready
 
     async def step(self):
         d = self.dut
@@ -165,7 +174,7 @@ class Port:
         if int(d.recv_valid.value) and self.recv_ready:
             v = int(d.recv_payload.value)
             self.got.append((v & ((1 << D) - 1), (v >> D) & 1, v >> (D + 1)))
-        if int(d.tx_valid.value):
+        if int(d.tx_valid.value) and self.tx_ready:
             v = int(d.tx_payload.value)
             self._cur.append(v & ((1 << D) - 1))
             if v & LAST:
@@ -190,7 +199,15 @@ class Port:
             payload, tag = self.sent[seq]
             assert field(t, "kind") == KIND_DATA and field(t, "len") == len(payload), hex(t)
             assert field(t, "tag") == tag and beats[:-1] == payload, f"frame {seq} not as given"
-            assert beats[-1] >> 128 == 0
+            unused = ("ack", "credit", "pad")
+        else:
+            assert field(t, "kind") in (KIND_ACK, KIND_NAK), hex(t)
+            unused = ("seq", "len", "pad", "tag")
+        # the fields a frame of its kind does not use are zero, and so are the bits above the
+        # trailer: the wire carries nothing but the frame
+        assert all(field(t, name) == 0 for name in unused) and beats[-1] >> 128 == 0, \
+            f"cycle {self.cycle}: {'a data' if len(beats) > 1 else 'a control'} frame with " \
+            f"{[n for n in unused if field(t, n)]} or the bits above its trailer not zero: {hex(beats[-1])}"
 
     async def run(self, cycles):
         for _ in range(cycles):
@@ -632,3 +649,48 @@ async def link_dead_after_retries_in_a_row(dut):
         f"the link reported dead {port.dead_at - sent_at} cycles after frame 1 was sent"
     await port.run(2 * TIMEOUT)
     assert len(port.frames) == n + RETRIES, "frames sent after the link was reported dead"
+
+
+@cocotb.test()
+async def go_back_behind_the_read_ahead(dut):
+    """Contract (hw/collective/link.py): the sender "goes back to the first unacknowledged
+    frame on a NAK"; what it has already read for the wire goes out first. Its send stage
+    reads ahead of the wire by ``TX_READ_AHEAD`` beats and starts a frame only below that, and
+    a frame it has started is sent whole. So, with the wire stalled while the user gives 4
+    frames of L payload beats (L + 1 beats each with the trailer) and a NAK of the first frame
+    then taken, the wire carries, once it moves: the first ceil(TX_READ_AHEAD / (L + 1))
+    frames (those started before the NAK), then all 4 again from the first, each of the
+    started ones counted as a resend; nothing more once the peer acknowledges them. L runs
+    over 1 to 7 in random order (the read-ahead ends on a frame's end and inside a frame),
+    twice."""
+    port, rng = setup(dut)
+    await port.reset()
+    lengths = list(range(1, 8)) * 2
+    rng.shuffle(lengths)
+    for trial, L in enumerate(lengths):
+        s0, retx = port._next, port.retx
+        port.tx_ready = 0
+        for j in range(4):
+            port.user.extend((rng.getrandbits(D), int(i == L - 1), 0xB000 + 16 * trial + j)
+                             for i in range(L))
+        await port.until(lambda: not port.user, 100, "the port did not take its user's frames")
+        await port.run(40)
+        port.rx.append((ctl_frame(KIND_NAK, s0, s0 + R), 1))
+        await port.run(10)
+        n = len(port.frames)
+        port.tx_ready = 1
+        started = -(-TX_READ_AHEAD // (L + 1))
+        want = [*range(s0, s0 + started), *range(s0, s0 + 4)]
+        k = len(want)
+        await port.until(lambda n=n, k=k: len(port.data_frames(n)) >= k, 200,
+                         f"trial {trial}: the frames were not sent")
+        got = [s for s, _ in port.data_frames(n)]
+        assert got == want and port.retx - retx == started, \
+            (f"trial {trial}, frames of {L} + 1 beats, the wire stalled, NAK({s0}): frames "
+             f"{got} on the wire ({port.retx - retx} resends); want {want}: the "
+             f"{started} started within the {TX_READ_AHEAD} beats read ahead, then the go-back")
+        port.rx.append((ctl_frame(KIND_ACK, s0 + 4, s0 + 4 + R), 1))
+        n = len(port.frames)
+        await port.run(60)
+        assert not port.data_frames(n), f"trial {trial}: frames sent after all were acknowledged"
+    assert port.crc_errors == 0

@@ -12,7 +12,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hw.arith import SPECIALS, UNITS, AdderTree
-from hw.arith.dot import DotArray, Fp16Dot, I8Dot
+from hw.arith.dot import DotArray, DotArrayI16, Fp16Dot, I8Dot
 from hw.arith.units import Fp32Max
 from sim.cocotb_run import ROOT, run_cocotb
 from sim.harness import UnitArray
@@ -87,6 +87,44 @@ def test_unit_rtl(name, seed):
 @pytest.mark.parametrize("name", list(CASES))
 def test_unit_soak(name, seed):
     run_unit(name, seed + 1, 10_000_000)
+
+
+# DotArrayI16 (int16 tiles and cache tiles through fewer aligners, step by step): every
+# aligner count of a 4-lane array at tiny's width, the tokens of a step at R = 2
+I16_ARRAYS = {"a4": dict(lanes=4, width=16, reuse=2, aligners=4),
+              "a2": dict(lanes=4, width=16, reuse=1, aligners=2),
+              "a1": dict(lanes=4, width=16, reuse=2, aligners=1)}
+
+
+def run_dot_i16(name, seed, steps):
+    import json
+
+    from gen.verilog import to_verilog
+    p = I16_ARRAYS[name]
+    arr = DotArrayI16(**p)
+    top = f"dot_i16_{name}"
+    path = BUILD / f"{top}.v"
+    text = to_verilog(arr, top)
+    BUILD.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    run_cocotb([path], top, "sim.tb.tb_dot_i16", extra_env={
+        "GPTFPGA_PARAMS": json.dumps({**p, "latency": arr.LATENCY}),
+        "GPTFPGA_N": str(steps), "GPTFPGA_SEED": str(seed)})
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("name", ["a2", "a1"])
+def test_dot_array_i16_rtl(name, seed):
+    """DotArrayI16 against bfp_dot and i16_dot, step by step, the kinds mixed with no bubble
+    (sim/tb/tb_dot_i16.py); the array with an aligner a lane (a4) in make soak."""
+    run_dot_i16(name, seed, 3000)
+
+
+@pytest.mark.soak
+@pytest.mark.parametrize("name", list(I16_ARRAYS))
+def test_dot_array_i16_soak(name, seed):
+    run_dot_i16(name, seed + 1, 200_000)
 
 
 def test_latencies_documented():

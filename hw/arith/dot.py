@@ -28,7 +28,7 @@ from .pipe import delay
 from .tables import A_BITS, B_BITS
 
 __all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32",
-           "DotLane", "DotArray", "Fp16Dot", "I8Dot"]
+           "DotLane", "DotArray", "DotArrayI16", "Fp16Dot", "I8Dot"]
 
 # An element's class beside its aligned value: bits of BlockAlign.flags, per element.
 NAN, INF, ZERO, SIGN = range(4)
@@ -406,6 +406,133 @@ class DotArray(wiring.Component):
         eb = Signal(signed(9), name=f"{tag}_eb", reset_less=True)
         m.d.sync += eb.eq(self.e8[8 * r:8 * (r + 1)] - (127 - 14 - self.b_bits))
         ebd = delay(m, eb, lat - 1, name=f"{tag}_ebd", reset_less=True)[-1] if lat > 1 else eb
+        return bs, Cat(*fs), ebd
+
+
+class DotArrayI16(wiring.Component):
+    """The matrix unit's array for int16 weights (docs/performance.md, the route to R = 4):
+    ``lanes`` dot products of ``width`` weights with ``reuse`` blocks of fp16 activations a
+    step, as :class:`DotArray`, for two kinds of tile:
+
+    - an *int16 tile* (``cache`` low in its cycle): ``w`` is ``lanes`` rows of ``width`` int16
+      weights (row r at bits [16 width r, 16 width (r + 1))), ``e`` the rows' scale exponents
+      (byte r: 2^(e - 127)); token j's lane l is :func:`sim.ref.arith.i16_dot` of row l with
+      block j. The integers go to the multipliers as they are (exact in their 18-bit input),
+      past any alignment, on delay lines with the alignment's latency and the chains' skew.
+    - a *cache tile* (fp16, the K and V caches the card writes at run time): ``aligners`` = A
+      weight-row alignments (``BlockAlign``) serve the ``lanes`` rows over P = lanes / A
+      consecutive cycles, ``phase`` 0 .. P - 1, rows [g A, (g + 1) A) in phase g, with ``w``
+      and ``x`` held over the P cycles; token j's lane l is :func:`sim.ref.arith.bfp_dot` of
+      row l with block j, delivered ``LATENCY`` cycles after the last phase. The lanes of
+      phase g take their rows in that phase's cycle (the held activations' alignment gives
+      the same block every cycle), and their results wait P - 1 - g cycles at the output: 32
+      bits a token, instead of a row's 18 bits an element before the multipliers.
+
+    Every cycle is a step: an int16 tile's result comes ``LATENCY`` cycles after its cycle,
+    a cache tile's after its last phase; the outputs of a cache tile's other phases are not
+    results. Kinds may follow each other in any order, with no bubble.
+
+    Members
+    -------
+    w : ``In(16 * width * lanes)``; x : ``In(16 * width * reuse)``, token 0's block low
+    e : ``In(8 * lanes)``; cache : ``In(1)``; phase : ``In(bits of P - 1)`` (P > 1 only)
+    o : ``Out(32 * lanes * reuse)``, token j's lane l in word ``j * lanes + l``
+    """
+
+    def __init__(self, *, lanes, width, reuse=1, aligners=None, a_bits=A_BITS, b_bits=B_BITS,
+                 chain=None):
+        aligners = lanes if aligners is None else aligners
+        if aligners < 1 or lanes % aligners:
+            raise ValueError(f"aligners must divide lanes ({lanes}), not {aligners!r}")
+        if b_bits < 16:
+            raise ValueError(f"b_bits must hold an int16 weight (>= 16), not {b_bits!r}")
+        self.lanes, self.width, self.reuse, self.aligners = lanes, width, reuse, aligners
+        self.phases = lanes // aligners
+        self.a_bits, self.b_bits = a_bits, b_bits
+        self.chain = chain_length(width) if chain is None else chain
+        self.LATENCY = self.latency(width, a_bits, b_bits, self.chain)
+        extra = {"phase": In((self.phases - 1).bit_length())} if self.phases > 1 else {}
+        super().__init__({"w": In(16 * width * lanes), "x": In(16 * width * reuse),
+                          "e": In(8 * lanes), "cache": In(1), **extra,
+                          "o": Out(32 * lanes * reuse)})
+
+    @staticmethod
+    def latency(width, a_bits=A_BITS, b_bits=B_BITS, chain=None):
+        return DotArray.latency(width, a_bits, b_bits, chain)
+
+    def elaborate(self, platform):
+        m = Module()
+        W, L, A, P, C = self.width, self.lanes, self.aligners, self.phases, self.chain
+        rowbits = 16 * W
+        lat = BlockAlign.latency(W)
+        xals = []
+        for j in range(self.reuse):
+            m.submodules[f"xal{j}"] = xal = BlockAlign(W, self.a_bits, skew=C)
+            m.d.comb += xal.a.eq(self.x[rowbits * j:rowbits * (j + 1)])
+            xals.append(xal)
+
+        def row(r):
+            return self.w[rowbits * r:rowbits * (r + 1)]
+
+        # the cache tiles' alignments: aligner k takes row g A + k in phase g
+        wals = []
+        for k in range(A):
+            m.submodules[f"wal{k}"] = wal = BlockAlign(W, self.b_bits, skew=C)
+            pick = row(k)
+            for g in range(1, P):
+                pick = Mux(self.phase == g, row(g * A + k), pick)
+            m.d.comb += wal.a.eq(pick)
+            wals.append(wal)
+        # the step's kind beside each skew of the multipliers' inputs (a copy per lane)
+        # and at the output
+        odelay = DotLane.latency(W, self.a_bits, self.b_bits, C)
+        for lane in range(L):
+            g, wal = lane // A, wals[lane % A]
+            cache = Signal(name=f"cache{lane}", reset_less=True)
+            m.d.sync += cache.eq(self.cache)
+            kinds = [cache] + delay(m, cache, lat + odelay - 1, name=f"cache{lane}_d",
+                                    reset_less=True)
+            sel = [kinds[lat - 1 + s] for s in range(C)]
+            at_out = kinds[lat - 1 + odelay]
+            bs, fs, eb = self._int16_row(m, lane)
+            b = Cat(*[Mux(sel[i % C], wal.o.word_select(i, self.b_bits + 1), bs[i].as_unsigned())
+                      for i in range(W)])
+            fb = Mux(sel[0], wal.flags, fs)
+            ebm = Mux(sel[0], wal.e, eb)
+            for j, xal in enumerate(xals):
+                m.submodules[f"lane{lane}_t{j}"] = dl = DotLane(
+                    W, a_bits=self.a_bits, b_bits=self.b_bits, chain=C, eb_signed=True)
+                k = j * L + lane
+                m.d.comb += [dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
+                             dl.b.eq(b), dl.fb.eq(fb), dl.eb.eq(ebm)]
+                o = dl.o
+                if P - 1 - g:
+                    # a cache tile's lanes of phase g finished P - 1 - g cycles early
+                    held = delay(m, dl.o, P - 1 - g, name=f"o{k}_d", reset_less=True)[-1]
+                    o = Mux(at_out, held, dl.o)
+                m.d.comb += self.o[32 * k:32 * (k + 1)].eq(o)
+        return m
+
+    def _int16_row(self, m, lane):
+        """Row ``lane`` of an int16 tile as the lane's products take it: its values (signed,
+        the multipliers' input width), flags (nan, inf, zero, sign) and exponent, at the
+        times the weight alignment's outputs have them (value i ``i mod chain`` cycles
+        later)."""
+        W, C, B = self.width, self.chain, self.b_bits + 1
+        lat = BlockAlign.latency(W)
+        bs, fs = [], []
+        for i in range(W):
+            q = self.w[16 * (lane * W + i):16 * (lane * W + i + 1)].as_signed()
+            b = Signal(signed(B), name=f"q{lane}_b{i}", reset_less=True)
+            f = Signal(4, name=f"q{lane}_f{i}", reset_less=True)
+            m.d.sync += [b.eq(q), f.eq(Cat(Const(0, 2), q == 0, q < 0))]
+            d = lat - 1 + i % C
+            bs.append(delay(m, b, d, name=f"q{lane}_bd{i}_", reset_less=True)[-1] if d else b)
+            fs.append(delay(m, f, lat - 1, name=f"q{lane}_fd{i}_", reset_less=True)[-1]
+                      if lat > 1 else f)
+        eb = Signal(signed(9), name=f"q{lane}_eb", reset_less=True)
+        m.d.sync += eb.eq(self.e[8 * lane:8 * (lane + 1)] - (127 - 14 - self.b_bits))
+        ebd = delay(m, eb, lat - 1, name=f"q{lane}_ebd", reset_less=True)[-1] if lat > 1 else eb
         return bs, Cat(*fs), ebd
 
 

@@ -27,8 +27,8 @@ from hw.arith import tables as T
 __all__ = [
     "F32_QNAN", "F16_QNAN",
     "fp16_mul_to_fp32", "fp32_add", "fp32_mul", "fp16_to_fp32", "fp32_to_fp16", "fp32_max",
-    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "i8_dot", "exp", "recip",
-    "rsqrt", "gelu",
+    "fp32_min", "int8_to_fp16", "adder_tree", "block_align", "bfp_dot", "i8_dot", "i16_dot",
+    "int_dot", "exp", "recip", "rsqrt", "gelu",
     "f32", "bits32", "EXP_TABLE", "RECIP_SEED", "RSQRT_SEED",
 ]
 
@@ -192,7 +192,19 @@ def i8_dot(q, x, e, *, a_bits=T.A_BITS):
     rounded once to fp32 (nearest even); a result below fp32's normal range is flushed to
     zero after rounding, its sign kept (the matrix unit's BfpToFp32); above it, infinity.
     +0 when the sum is 0. Specials as :func:`bfp_dot`, an int8 zero being a zero."""
-    q = np.asarray(q).astype(np.int8)
+    return int_dot(np.asarray(q).astype(np.int8), x, e, a_bits=a_bits)
+
+
+def i16_dot(q, x, e, *, a_bits=T.A_BITS):
+    """:func:`i8_dot` with int16 rows (``DotArrayI16``'s int16 tiles): the same contract, the
+    integer sum exact as well (|q| <= 2^15: 15 + a_bits + log2(W) bits)."""
+    return int_dot(np.asarray(q).astype(np.int16), x, e, a_bits=a_bits)
+
+
+def int_dot(q, x, e, *, a_bits=T.A_BITS):
+    """:func:`i8_dot`'s arithmetic for integer rows ``q`` of any width up to int16."""
+    q = np.asarray(q)
+    assert q.dtype in (np.int8, np.int16), q.dtype
     x = np.asarray(x, np.uint16)
     a, ex, sx, nx, ix, zx = _align(x, a_bits)
     total = (a * q.astype(np.int64)).sum(axis=-1)

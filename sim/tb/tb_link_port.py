@@ -129,6 +129,7 @@ class Port:
         self.sent = {}                  # seq -> (payload, tag): the user's frames, in order
         self._fill = []                 # beats of the user's frame being taken
         self._next = 0
+        self._ctl_seen = 0              # frames[] read by new_control_frames
 
     async def reset(self):
         cocotb.start_soon(Clock(self.dut.clk, 10, unit="ns").start())
@@ -227,6 +228,16 @@ class Port:
     def data_frames(self, start=0):
         """(seq, beats) of the data frames sent since ``frames[start]``."""
         return [(field(f[-1], "seq"), f) for f in self.frames[start:] if len(f) > 1]
+
+    def new_control_frames(self):
+        """(kind, ack, credit) of each frame sent since the last call, for a test whose user
+        gives the port nothing to send: every one of them must be a control frame."""
+        out = []
+        for f in self.frames[self._ctl_seen:]:
+            assert len(f) == 1, "the port sent a data frame: its user gave none"
+            out.append((field(f[0], "kind"), field(f[0], "ack"), field(f[0], "credit")))
+        self._ctl_seen = len(self.frames)
+        return out
 
     def acked(self):
         """The last acknowledgement the port sent (the next frame it expects), or None."""
@@ -375,24 +386,20 @@ async def credit_under_back_pressure(dut):
         """Frames wholly within the first ``beats`` beats."""
         return bisect.bisect_right(ends, beats)
 
-    peer = {"next": 0, "credit": R, "ack": 0, "seen": 0, "send": True}
+    peer = {"next": 0, "credit": R, "ack": 0, "send": True}
 
     def take_acks():
         """The port's control frames since the last call, checked against the bound."""
         u = len(port.got)
-        for f in port.frames[peer["seen"]:]:
-            assert len(f) == 1, "the port sent a data frame: its user gave none"
-            t = f[0]
-            assert field(t, "kind") == KIND_ACK, \
+        for kind, ack, credit in port.new_control_frames():
+            assert kind == KIND_ACK, \
                 f"cycle {port.cycle}: a NAK (a frame sent within credit was dropped or lost)"
-            ack, credit = field(t, "ack"), field(t, "credit")
             bound = R + whole(u + READ_AHEAD)
             assert peer["credit"] <= credit <= bound, \
                 (f"cycle {port.cycle}: credit {credit} after {peer['credit']}, user took {u} "
                  f"beats: at most {bound} (R + the frames within {READ_AHEAD} beats ahead)")
             assert peer["ack"] <= ack <= peer["next"], (port.cycle, ack, peer)
             peer.update(credit=credit, ack=ack)
-        peer["seen"] = len(port.frames)
 
     async def cycles(n):
         for _ in range(n):
@@ -479,20 +486,16 @@ async def every_event_is_acknowledged(dut):
     frames = [[rng.getrandbits(D) for _ in range(k)] for k in lengths]
     tags = [rng.getrandbits(32) for _ in range(n)]     # every bit of a tag, held while stalled
     ends = list(itertools.accumulate(lengths))
-    peer = {"next": 0, "credit": R, "ack": 0, "seen": 0, "gap": 0, "in_flight": None}
+    peer = {"next": 0, "credit": R, "ack": 0, "gap": 0, "in_flight": None}
     due = []                        # (deadline cycle, field, value it must reach, what)
     log = logging.getLogger("cocotb")
 
     def take_acks():
-        for f in port.frames[peer["seen"]:]:
-            assert len(f) == 1, "the port sent a data frame: its user gave none"
-            t = f[0]
-            assert field(t, "kind") == KIND_ACK, f"cycle {port.cycle}: a NAK (no frame was lost)"
-            ack, credit = field(t, "ack"), field(t, "credit")
+        for kind, ack, credit in port.new_control_frames():
+            assert kind == KIND_ACK, f"cycle {port.cycle}: a NAK (no frame was lost)"
             assert peer["ack"] <= ack <= peer["next"], (port.cycle, ack, peer)
             assert peer["credit"] <= credit, (port.cycle, credit, peer)
             peer.update(ack=ack, credit=credit)
-        peer["seen"] = len(port.frames)
         for item in list(due):
             deadline, name, value, what = item
             if peer[name] >= value:
@@ -555,19 +558,16 @@ async def nak_for_every_bad_frame(dut):
     is delivered once, in order."""
     port, rng = setup(dut)
     await port.reset()
-    st = {"seen": 0, "credit": R, "naks": []}
+    st = {"credit": R, "naks": []}
     given = []
 
     async def step():
         await port.step()
-        for f in port.frames[st["seen"]:]:
-            assert len(f) == 1, "the port sent a data frame: its user gave none"
-            kind, ack = field(f[0], "kind"), field(f[0], "ack")
+        for kind, ack, credit in port.new_control_frames():
             if kind == KIND_NAK:
                 st["naks"].append(ack)
             else:
-                st["credit"] = max(st["credit"], field(f[0], "credit"))
-        st["seen"] = len(port.frames)
+                st["credit"] = max(st["credit"], credit)
 
     async def send(seq, flip=False):
         payload = [rng.getrandbits(D) for _ in range(rng.randint(1, 2))]

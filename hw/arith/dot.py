@@ -298,6 +298,28 @@ class BfpToFp32(wiring.Component):
         return m
 
 
+def _int_row(m, values, e, *, width, chain, b_bits, tag):
+    """An integer weight row as a lane's products take it, past the weight alignment:
+    ``values`` (``width`` signed integers of at most ``b_bits`` + 1 bits), sign-extended to the
+    multipliers' input, with their flags (nan, inf, zero, sign) and the row's scale exponent
+    ``e`` (2^(e - 127)) as a weight exponent (e - 127 + 14 + b_bits, so that the single
+    rounding's constants are fp16's), each at the time BlockAlign's outputs have theirs (value
+    i ``i mod chain`` cycles later). Returns (values, flags, exponent)."""
+    lat = BlockAlign.latency(width)
+    bs, fs = [], []
+    for i, q in enumerate(values):
+        b = Signal(signed(b_bits + 1), name=f"{tag}_b{i}", reset_less=True)
+        f = Signal(4, name=f"{tag}_f{i}", reset_less=True)
+        m.d.sync += [b.eq(q), f.eq(Cat(Const(0, 2), q == 0, q < 0))]      # nan inf zero sign
+        d = lat - 1 + i % chain
+        bs.append(delay(m, b, d, name=f"{tag}_bd{i}_", reset_less=True)[-1] if d else b)
+        fs.append(delay(m, f, lat - 1, name=f"{tag}_fd{i}_", reset_less=True)[-1] if lat > 1 else f)
+    eb = Signal(signed(9), name=f"{tag}_eb", reset_less=True)
+    m.d.sync += eb.eq(e - (127 - 14 - b_bits))
+    ebd = delay(m, eb, lat - 1, name=f"{tag}_ebd", reset_less=True)[-1] if lat > 1 else eb
+    return bs, Cat(*fs), ebd
+
+
 class DotArray(wiring.Component):
     """``lanes`` dot products of ``width`` fp16 weights each (a tile: lane l's row in ``w``)
     with ``reuse`` blocks of ``width`` fp16 activations ``x`` (one per token), every pair:
@@ -387,26 +409,12 @@ class DotArray(wiring.Component):
         return [chain[lat - 1 + s] for s in range(self.chain)]
 
     def _int8_row(self, m, lane, h):
-        """Row ``h * lanes + lane`` of an int8 tile, as lane ``lane``'s products take it: its
-        values (sign-extended to the multiplier's input), flags and exponent at the times the
-        weight alignment's outputs have them (value i ``i mod chain`` cycles later)."""
-        W, L, C, B = self.width, self.lanes, self.chain, self.b_bits + 1
-        lat = BlockAlign.latency(W)
-        r = h * L + lane
-        tag = f"q{lane}_{h}"
-        bs, fs = [], []
-        for i in range(W):
-            q = self.w[8 * (r * W + i):8 * (r * W + i + 1)].as_signed()
-            b = Signal(signed(B), name=f"{tag}_b{i}", reset_less=True)
-            f = Signal(4, name=f"{tag}_f{i}", reset_less=True)
-            m.d.sync += [b.eq(q), f.eq(Cat(Const(0, 2), q == 0, q < 0))]      # nan inf zero sign
-            d = lat - 1 + i % C
-            bs.append(delay(m, b, d, name=f"{tag}_bd{i}_", reset_less=True)[-1] if d else b)
-            fs.append(delay(m, f, lat - 1, name=f"{tag}_fd{i}_", reset_less=True)[-1] if lat > 1 else f)
-        eb = Signal(signed(9), name=f"{tag}_eb", reset_less=True)
-        m.d.sync += eb.eq(self.e8[8 * r:8 * (r + 1)] - (127 - 14 - self.b_bits))
-        ebd = delay(m, eb, lat - 1, name=f"{tag}_ebd", reset_less=True)[-1] if lat > 1 else eb
-        return bs, Cat(*fs), ebd
+        """Row ``h * lanes + lane`` of an int8 tile, as lane ``lane``'s products take it
+        (:func:`_int_row`)."""
+        W, r = self.width, h * self.lanes + lane
+        values = [self.w[8 * (r * W + i):8 * (r * W + i + 1)].as_signed() for i in range(W)]
+        return _int_row(m, values, self.e8[8 * r:8 * (r + 1)], width=W, chain=self.chain,
+                        b_bits=self.b_bits, tag=f"q{lane}_{h}")
 
 
 class DotArrayI16(wiring.Component):
@@ -514,26 +522,12 @@ class DotArrayI16(wiring.Component):
         return m
 
     def _int16_row(self, m, lane):
-        """Row ``lane`` of an int16 tile as the lane's products take it: its values (signed,
-        the multipliers' input width), flags (nan, inf, zero, sign) and exponent, at the
-        times the weight alignment's outputs have them (value i ``i mod chain`` cycles
-        later)."""
-        W, C, B = self.width, self.chain, self.b_bits + 1
-        lat = BlockAlign.latency(W)
-        bs, fs = [], []
-        for i in range(W):
-            q = self.w[16 * (lane * W + i):16 * (lane * W + i + 1)].as_signed()
-            b = Signal(signed(B), name=f"q{lane}_b{i}", reset_less=True)
-            f = Signal(4, name=f"q{lane}_f{i}", reset_less=True)
-            m.d.sync += [b.eq(q), f.eq(Cat(Const(0, 2), q == 0, q < 0))]
-            d = lat - 1 + i % C
-            bs.append(delay(m, b, d, name=f"q{lane}_bd{i}_", reset_less=True)[-1] if d else b)
-            fs.append(delay(m, f, lat - 1, name=f"q{lane}_fd{i}_", reset_less=True)[-1]
-                      if lat > 1 else f)
-        eb = Signal(signed(9), name=f"q{lane}_eb", reset_less=True)
-        m.d.sync += eb.eq(self.e[8 * lane:8 * (lane + 1)] - (127 - 14 - self.b_bits))
-        ebd = delay(m, eb, lat - 1, name=f"q{lane}_ebd", reset_less=True)[-1] if lat > 1 else eb
-        return bs, Cat(*fs), ebd
+        """Row ``lane`` of an int16 tile as the lane's products take it (:func:`_int_row`)."""
+        W = self.width
+        values = [self.w[16 * (lane * W + i):16 * (lane * W + i + 1)].as_signed()
+                  for i in range(W)]
+        return _int_row(m, values, self.e[8 * lane:8 * (lane + 1)], width=W, chain=self.chain,
+                        b_bits=self.b_bits, tag=f"q{lane}")
 
 
 class DotLane(wiring.Component):
@@ -634,26 +628,13 @@ class I8Dot(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        W, C, B = self.width, self.chain, self.b_bits + 1
+        W, C = self.width, self.chain
         m.submodules.xal = xal = BlockAlign(W, self.a_bits, skew=C)
         m.submodules.lane = lane = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits, chain=C,
                                            eb_signed=True)
         m.d.comb += xal.a.eq(self.x)
-        lat = BlockAlign.latency(W)
-        bs, fs = [], []
-        for j in range(W):
-            qj = self.q[8 * j:8 * (j + 1)].as_signed()
-            b = Signal(signed(B), name=f"b{j}", reset_less=True)
-            f = Signal(4, name=f"fb{j}", reset_less=True)
-            m.d.sync += [b.eq(qj), f.eq(Cat(Const(0, 2), qj == 0, qj < 0))]   # nan inf zero sign
-            # with the activations: the block's latency, the chain's skew for the value
-            bs.append(delay(m, b, lat - 1 + j % C, name=f"bd{j}_", reset_less=True)[-1]
-                      if lat - 1 + j % C else b)
-            fs.append(delay(m, f, lat - 1, name=f"fd{j}_", reset_less=True)[-1] if lat > 1 else f)
-        eb = Signal(signed(9), name="eb", reset_less=True)
-        m.d.sync += eb.eq(self.e - (127 - 14 - self.b_bits))
+        values = [self.q[8 * j:8 * (j + 1)].as_signed() for j in range(W)]
+        bs, fs, eb = _int_row(m, values, self.e, width=W, chain=C, b_bits=self.b_bits, tag="q")
         m.d.comb += [lane.a.eq(xal.o), lane.fa.eq(xal.flags), lane.ea.eq(xal.e),
-                     lane.b.eq(Cat(*bs)), lane.fb.eq(Cat(*fs)),
-                     lane.eb.eq(delay(m, eb, lat - 1, name="ebd", reset_less=True)[-1]),
-                     self.o.eq(lane.o)]
+                     lane.b.eq(Cat(*bs)), lane.fb.eq(fs), lane.eb.eq(eb), self.o.eq(lane.o)]
         return m

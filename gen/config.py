@@ -97,7 +97,9 @@ class CoreConfig:
                        lo=2, hi=256, pow2=True)
     # int8 weights, a power-of-two scale per row (docs/numerics.md): a tile (one stripe row)
     # holds 2 x lanes rows of int8 instead of lanes rows of fp16; the K and V caches stay fp16.
-    weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8"))
+    # int16 weights: the same scale per row, a tile of lanes rows of int16 (docs/performance.md,
+    # the route to R = 4); the ISS and the performance model run it, the card's RTL not yet.
+    weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8", "int16"))
     vector_lanes: int = _spec(int, "vector unit lanes: fp32 elements per cycle (divides lanes)",
                               lo=1, hi=64, pow2=True)
     vsp_words: int = _spec(int, "vector scratchpad capacity in fp32 words", lo=1024,
@@ -119,14 +121,26 @@ class CoreConfig:
     # tile in one cycle, so a MATVEC over T tokens takes ceil(T / R) cycles per tile.
     reuse: int = _spec(int, "token vectors that meet each weight tile per cycle (R)",
                        lo=1, hi=MAX_TOKENS, pow2=True, default=1)
+    # int16 builds align only the fp16 tiles the card writes itself (the K and V caches), with
+    # lanes / cache_phases row alignments that serve a tile's rows over cache_phases cycles
+    # (hw/arith/dot.py DotArrayI16): a cache tile is held that many times as long.
+    cache_phases: int = _spec(int, "int16 builds: cycles a K or V cache tile takes a step "
+                              "(lanes / cache_phases row alignments)",
+                              lo=1, hi=64, pow2=True, default=1)
 
     @property
     def weight_bytes(self) -> int:
-        return {"fp16": 2, "int8": 1}[self.weight_dtype]
+        return {"fp16": 2, "int8": 1, "int16": 2}[self.weight_dtype]
+
+    @property
+    def int_weights(self) -> bool:
+        """The weight matrices are integers with a power-of-two scale per row (int8, int16):
+        MATVEC.i8's tiles, a row of scales a group."""
+        return self.weight_dtype in ("int8", "int16")
 
     @property
     def tile_rows(self) -> int:
-        """Rows of a weight matrix's tile: lanes (fp16), 2 x lanes (int8); width columns."""
+        """Rows of a weight matrix's tile: lanes (fp16, int16), 2 x lanes (int8); width columns."""
         return self.lanes * (2 if self.weight_dtype == "int8" else 1)
 
 
@@ -206,6 +220,15 @@ class ApplianceConfig:
                 f"core.weight_dtype: got 'int8' with core.reuse {self.core.reuse}; allowed: int8 "
                 f"with core.reuse >= 2 (an int8 tile's second lanes rows take the dot products "
                 f"of the second token's lanes)")
+        if self.core.cache_phases > 1 and self.core.weight_dtype != "int16":
+            raise ConfigError(
+                f"core.cache_phases: got {self.core.cache_phases} with core.weight_dtype "
+                f"'{self.core.weight_dtype}'; allowed: 1 (only an int16 build aligns its cache "
+                f"tiles in phases)")
+        if self.core.lanes % self.core.cache_phases:
+            raise ConfigError(
+                f"core.cache_phases: got {self.core.cache_phases}; allowed: a divisor of "
+                f"core.lanes ({self.core.lanes})")
         if self.core.lanes % self.core.vector_lanes:
             raise ConfigError(
                 f"core.vector_lanes: got {self.core.vector_lanes}; allowed: a divisor of "
@@ -268,7 +291,7 @@ class ApplianceConfig:
     @property
     def weight_bytes_per_cycle(self) -> int:
         """Weight bytes the matrix unit consumes per cycle at full rate (a tile a cycle: lanes
-        x width fp16, or 2 x lanes x width int8)."""
+        x width fp16 or int16, or 2 x lanes x width int8)."""
         return self.core.tile_rows * self.core.width * self.core.weight_bytes
 
     @property

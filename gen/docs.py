@@ -35,6 +35,8 @@ def configs_md():
               "- a weight tile is one stripe: `core.lanes` x `core.width` x 2 bytes = "
               "`hbm.channels` x `hbm.data_bits` / 8;",
               "- `core.weight_dtype: int8` needs `core.reuse` >= 2;",
+              "- `core.cache_phases` > 1 only with `core.weight_dtype: int16`, and it divides "
+              "`core.lanes`;",
               "- `core.vector_lanes` divides `core.lanes`; a VSP segment holds at least 4 "
               "rows; `core.xb_words` >= `core.width`;",
               "- with `cards` > 1, what the collective unit needs of `link.data_bits` "

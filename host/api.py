@@ -306,7 +306,7 @@ class Appliance:
     # -- generation ----------------------------------------------------------------------------
     @property
     def quant_error(self):
-        """With int8 weights (``core.weight_dtype``), the quantization's relative error per
+        """With int8 or int16 weights (``core.weight_dtype``), the quantization's relative error per
         weight row, |w - q scale| / |w|, over every card's matrices: (largest, mean); None with
         fp16 weights. Compiles the model if it is not yet."""
         from .compiler.image import quant_summary

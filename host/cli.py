@@ -622,7 +622,7 @@ def cmd_run(args):
     doc = {"backend": args.backend, "config": app.config.name, "cards": app.cards, **result.to_dict()}
     quant = app.quant_error
     if quant is not None:
-        doc["weights"] = {"dtype": "int8", "quant_max_rel_error": quant[0],
+        doc["weights"] = {"dtype": app.config.core.weight_dtype, "quant_max_rel_error": quant[0],
                           "quant_mean_rel_error": quant[1]}
     if args.json:
         print(json.dumps(doc))
@@ -647,7 +647,8 @@ def cmd_run(args):
     print(f"   HBM bytes per decode token: {_fmt(s['hbm_bytes_per_token'])}; simulation wall time "
           f"per decode token: {_fmt(s['wall_seconds_per_decode_token'], ' s')}")
     if quant is not None:
-        print(f"   int8 weights (quantized by the compiler, a power-of-two scale per row): relative "
+        print(f"   {app.config.core.weight_dtype} weights (quantized by the compiler, a power-of-two "
+              f"scale per row): relative "
               f"error per row |w - q s| / |w| largest {quant[0]:.2e}, mean {quant[1]:.2e}")
     return 0
 

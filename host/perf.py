@@ -138,6 +138,10 @@ class CardModel:
         # a step's issue to its partial sums: the pop to the tile register, the dot products
         self.X = WFIFO_POP_TO_TILE + dot_latency(self.W)
         self.lpr = max(1, self.L // self.P)
+        # an i8 MATVEC's tile rows a lane: 2 (int8), 1 (int16); an int16 build's fp16 tiles
+        # (the K and V caches) go through lanes / cache_phases alignments, cache_phases cycles
+        self.qrows = c.tile_rows // self.L if c.int_weights else 1
+        self.cache_phases = c.cache_phases
         self.seg = c.vsp_words // c.vsp_segments      # VSP words per segment (one read a cycle)
         self.beat = cfg.hbm_beat_bytes
         # write beats in flight: max_outstanding per channel, each for the latency and a cycle
@@ -317,19 +321,23 @@ class CardModel:
                 dma_done = dma_done[1 - DMA_RD_QUEUE:] + [done]
             elif op == "MATVEC":
                 rb, cb, T, grp = f["rb"], f["cb"], f["tokens"], f["group"]
-                # i8 (docs/performance.md): a
-                # tile is 2L rows, a token takes two of the R dot products of each lane, and
-                # each group starts with its row of scales (one step)
+                # i8 (docs/performance.md): an int8 tile is 2L rows, a token takes two of the
+                # R dot products of each lane (int16: L rows, as fp16), and each group starts
+                # with its row of scales (one step)
                 i8 = f.get("i8", 0)
-                lpr = self.lpr * (2 if i8 else 1)
+                q = self.qrows if i8 else 1
+                lpr = self.lpr * q
                 k = rb * cb + (-(-rb // grp) if i8 else 0)
                 first = max(t + 1 + o.mpu_start, mpu_last_step + 1)
                 if f["bias_en"]:        # the first group's bias rows (each token's with btok)
                     first += min(grp, rb) * lpr * (T if f.get("btok", 0) else 1) + 2
                 # the tiles of this MATVEC in stream order, and the minimum spacing of steps
                 gaps = []
-                # cycles a tile is held: ceil(T / R), with i8 ceil(2T / R)
-                per = -(-T // (self.R // 2)) if i8 else -(-T // self.R)
+                # cycles a tile is held: ceil(T / R), with int8 ceil(2T / R); an int16 build's
+                # fp16 tile cache_phases times that
+                per = -(-T // (self.R // q))
+                if not i8:
+                    per *= self.cache_phases
                 ahead = self.runahead and T == 1 and self.R >= 2 and not i8
                 hold = per
                 for g0 in range(0, rb, grp):
@@ -389,7 +397,7 @@ class CardModel:
             return [("hbm", f["row"], f["row"] + f["tiles"])], []
         if op == "MATVEC":         # (its addresses are rows: width XB, vector_lanes VSP words)
             T, W, P = f["tokens"], self.W, self.P
-            rbl = f["rb"] * self.L * (2 if f.get("i8", 0) else 1)
+            rbl = f["rb"] * self.L * (self.qrows if f.get("i8", 0) else 1)
             xb, dst, bias, ds = f["xb"] * W, f["dst"] * P, f["bias"] * P, f["dstride"] * P
             reads = [("xb", xb, xb + (T - 1) * f["xstride"] * W + f["cb"] * W)]
             if f["bias_en"]:

@@ -103,8 +103,8 @@ FORMATS = (
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),
         F("tt", 1, "the tiles are stored transposed: element (r, c) of a tile at c*lanes + r "
                    "(the V cache's layout, where a new position's column is contiguous)"),
-        F("i8", 1, "the tiles are int8 weights with a scale per row (core.weight_dtype int8 "
-                   "builds; not with tt)"),
+        F("i8", 1, "the tiles are integer weights with a scale per row (core.weight_dtype "
+                   "int8 or int16 builds; not with tt)"),
         F("btok", 1, "with bias_en: each token has its own bias, token t's at bias + t*dstride "
                      "(a decode batch's streams, each starting from its own residual)"),
     ), "Addresses and strides are in rows: xb and xstride of width XB words, dst, bias and "
@@ -117,11 +117,12 @@ FORMATS = (
        "group, column block by column block; within that, row block by row block. group x "
        f"tokens <= {ACC_DEPTH} (the accumulator depth). With btok the bias is "
        "bias[t*ds + r], token t's own (it may be dst itself: in place, token by token). "
-       "With i8 a tile (a stripe row) holds "
-       "2*lanes rows of width int8 weights, row r at bytes [r*width, (r+1)*width), so a row "
-       "block is 2*lanes rows (r < rb*2*lanes), and each group's tiles are preceded in the "
+       "With i8 a tile (a stripe row) holds Q rows of width integer weights, row r at "
+       "elements [r*width, (r+1)*width): Q = 2*lanes int8 (an int8 build) or lanes int16, "
+       "little-endian (an int16 build), so a row block is Q rows (r < rb*Q), and each "
+       "group's tiles are preceded in the "
        "stream by one stripe row of its rows' scales, one byte E a row (the scale is "
-       "2^(E - 127)): rb*cb + ceil(rb/group) tiles, group*2*lanes <= the stripe's bytes; "
+       "2^(E - 127)): rb*cb + ceil(rb/group) tiles, group*Q <= the stripe's bytes; "
        "each column block's dot is the exact integer sum of the weights times the "
        "block-aligned activations, scaled, rounded once to fp32 (docs/numerics.md)."),
     Format("VEC", 7, "vpu", (

@@ -388,6 +388,7 @@ def _calibration_cases():
     from host.runtime import DEMO_MODEL
     tiny = load_config(ROOT / "configs" / "tiny.yaml")
     tiny8 = load_config(ROOT / "configs" / "tiny-int8.yaml")
+    tiny16 = load_config(ROOT / "configs" / "tiny-int16.yaml")
     medium = load_config(ROOT / "configs" / "medium.yaml")
     small2 = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=1024, n_positions=128)
     return [
@@ -395,6 +396,8 @@ def _calibration_cases():
          [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)]),
         ("tiny-int8, demo model", tiny8, lambda: load_checkpoint(DEMO_MODEL),
          [("prefill", None, 0), ("decode", 1, 19), ("batch", 4, 19)]),
+        ("tiny-int16, demo model", tiny16, lambda: load_checkpoint(DEMO_MODEL),
+         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)]),
         ("medium, GPT-2-small layers x 2", medium,
          lambda: random_gpt2(small2, np.random.default_rng(0)),
          [("prefill", None, 0), ("decode", 1, 4), ("decode", 1, 100)]),

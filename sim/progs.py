@@ -22,9 +22,10 @@ class Layout:
         self.S = cfg.stripe_bytes
         self.data_rows = (0, 64)          # random fp16 vectors for LOAD
         self.tile_rows = (64, 320)        # random weight tiles for WLOAD
-        # int8 builds: int8 tiles (random bytes, uniform) and rows of scale exponents near
-        # 2^0 (with a few extremes) for MATVEC.i8
-        self.int8 = cfg.core.weight_dtype == "int8"
+        # int8 and int16 builds: integer tiles (random, uniform, with zeros and the extremes)
+        # and rows of scale exponents near 2^0 (with a few extremes) for MATVEC.i8
+        self.int8 = cfg.core.int_weights
+        self.qtype = np.dtype(cfg.core.weight_dtype).newbyteorder("<") if self.int8 else None
         self.i8_rows = (192, 320)
         self.scale_rows = (320, 352)
         self.out_rows = (512, 768)        # STORE targets
@@ -40,7 +41,7 @@ def _ceil(a, b):
 
 def random_hbm(cfg, rng, layout):
     """Random fp16 contents for the data and tile rows (mostly moderate values, some specials);
-    with int8, int8 tiles and scale rows in theirs (``Layout``)."""
+    with integer weights, integer tiles and scale rows in theirs (``Layout``)."""
     rows = layout.scale_rows[1] if layout.int8 else layout.tile_rows[1]
     n = rows * layout.S // 2
     vals = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 2, n))).astype(np.float16)
@@ -52,9 +53,13 @@ def random_hbm(cfg, rng, layout):
         b = bits.view(np.uint8)
         S = layout.S
         lo, hi = (r * S for r in layout.i8_rows)
-        q = rng.integers(-128, 128, hi - lo).astype(np.int8)
-        q[rng.random(hi - lo) < 0.05] = 0
-        q[rng.random(hi - lo) < 0.01] = -128
+        qt = layout.qtype
+        info = np.iinfo(qt)
+        k = (hi - lo) // qt.itemsize
+        q = rng.integers(info.min, info.max + 1, k).astype(qt)
+        q[rng.random(k) < 0.05] = 0
+        q[rng.random(k) < 0.01] = info.min
+        q[rng.random(k) < 0.01] = info.max
         b[lo:hi] = q.view(np.uint8)
         lo, hi = (r * S for r in layout.scale_rows)
         e = rng.integers(110, 141, hi - lo).astype(np.uint8)
@@ -221,9 +226,9 @@ class ProgramGen:
     def matvec(self):
         r = self.rng
         L, W, P = self.L, self.W, self.P
-        i8 = self.lay.int8 and r.random() < 0.5     # int8 tiles: 2 L rows a row block
+        i8 = self.lay.int8 and r.random() < 0.5     # integer tiles: 2 L int8 rows a row block
         if i8:
-            L = 2 * L
+            L = self.cfg.core.tile_rows
         rb, cb = int(r.integers(1, 7)), int(r.integers(1, 5))
         T = int(r.choice([1, 1, 1, 2, 3, 8]))
         group = int(r.integers(1, min(8, ACC_DEPTH // T, self.S // L if i8 else 8) + 1))
@@ -249,7 +254,7 @@ class ProgramGen:
         tiles = rb * cb
         out = []
         if i8:
-            # each group: its row of scales, then its tiles (int8 rows, or now and then
+            # each group: its row of scales, then its tiles (integer rows, or now and then
             # any bytes of the fp16 rows)
             for g0 in range(0, rb, group):
                 n = min(group, rb - g0) * cb

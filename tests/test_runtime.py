@@ -158,6 +158,17 @@ def test_rtl_int8_matches_iss(demo, cards):
                      cfg=load_config(ROOT / "configs" / "tiny-int8.yaml").replace(cards=cards))
 
 
+@pytest.mark.rtl
+@pytest.mark.parametrize("cards", [1, 2])
+def test_rtl_int16_matches_iss(demo, cards):
+    """The demo model with int16 weights (configs/tiny-int16.yaml: the weights quantized by the
+    compiler, the K and V caches' fp16 tiles through one row alignment in 4 phases) on 1 and 2
+    Verilated cards: the same tokens and bit-identical logits as the ISS (tests/test_int8.py
+    has the rest of the integer weights)."""
+    _rtl_ring_vs_iss(demo, cards, 6,
+                     cfg=load_config(ROOT / "configs" / "tiny-int16.yaml").replace(cards=cards))
+
+
 @pytest.mark.soak
 def test_rtl_ring_of_four_matches_iss(demo):
     _rtl_ring_vs_iss(demo, 4, 32)

@@ -1,11 +1,11 @@
-"""The demo model with int8 weights against fp16 weights and float64: perplexity on a passage
-of its training text and on a held-out passage (written for this check, not in the corpus),
-and the logit error against float64 over every position. Runs the ISS (bit-exact to what the
-card computes) on one tiny card. Then random GPT-2s of GPT-2 small's width (d_model 768, 12
-heads, 2 layers, a vocabulary of 1024; GPT-2's initialisation) on one medium card, fp16 and
-int8 weights (core.reuse 2): greedy decoding against float64, the worst logit error relative
-to the spread, how many greedy tokens equal float64's, and the int8 logits against the fp16
-ones. docs/numerics.md quotes both tables.
+"""The demo model with int8 and int16 weights against fp16 weights and float64: perplexity on
+a passage of its training text and on a held-out passage (written for this check, not in the
+corpus), and the logit error against float64 over every position. Runs the ISS (bit-exact to
+what the card computes) on one tiny card. Then random GPT-2s of GPT-2 small's width (d_model
+768, 12 heads, 2 layers, a vocabulary of 1024; GPT-2's initialisation) on one medium card,
+fp16, int8 and int16 weights (core.reuse 2): greedy decoding against float64, the worst logit
+error relative to the spread, how many greedy tokens equal float64's, and the int8 logits
+against the fp16 ones. docs/numerics.md quotes both tables.
 
     python tools/int8_accuracy.py
 """
@@ -61,14 +61,14 @@ def main():
     texts = {"training text": tok.encode(corpus)[200:200 + n], "held-out text": tok.encode(HELD_OUT)[:n]}
     sh = model.shape
     print("| text | tokens | float64 | fp16 weights (ISS) | int8 weights (ISS) "
-          "| worst logit error, fp16 | int8 |")
-    print("|---|---|---|---|---|---|---|")
+          "| int16 weights (ISS) | worst logit error, fp16 | int8 | int16 |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, ids in texts.items():
         f64 = ref.forward(model.weights, ids, sh.n_head, sh.n_layer, sh.eps)
         spread = f64.max(-1) - f64.min(-1)
         row = [name, str(len(ids)), f"{perplexity(f64, ids):.3f}"]
         errs = []
-        for cfg_name in ("tiny", "tiny-int8"):
+        for cfg_name in ("tiny", "tiny-int8", "tiny-int16"):
             cfg = load_config(ROOT / "configs" / f"{cfg_name}.yaml").replace(cards=1)
             lg = iss_logits(cfg, model, ids)
             row.append(f"{perplexity(lg, ids):.3f}")
@@ -102,11 +102,12 @@ def random_models(seeds=(1, 2, 3), steps=16):
     from host.model import Gpt2Shape, random_gpt2
     shape = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=1024, n_positions=128)
     medium = load_config(ROOT / "configs" / "medium.yaml")
-    cfgs = {"fp16": medium, "int8": medium.replace(**{"core.reuse": 2, "core.weight_dtype": "int8"})}
-    print("| random GPT-2, seed | worst logit error / spread, fp16 | int8 | int8 against fp16 "
-          "| greedy steps equal to float64's, fp16 | int8 | float64's top-2 margin / spread where "
-          "int8 first differs |")
-    print("|---|---|---|---|---|---|---|")
+    cfgs = {"fp16": medium, "int8": medium.replace(**{"core.reuse": 2, "core.weight_dtype": "int8"}),
+            "int16": medium.replace(**{"core.weight_dtype": "int16"})}
+    print("| random GPT-2, seed | worst logit error / spread, fp16 | int8 | int16 | int8 against "
+          "fp16 | greedy steps equal to float64's, fp16 | int8 | int16 | float64's top-2 margin / "
+          "spread where int8 first differs |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for seed in seeds:
         rng = np.random.default_rng(seed)
         model = random_gpt2(shape, rng)
@@ -130,9 +131,11 @@ def random_models(seeds=(1, 2, 3), steps=16):
             return (np.abs(lg[:n] - ref_lg[:n]).max(-1) / spread[:n]).max()
         row = [str(seed)]
         n16, n8 = agree(runs["fp16"][0], want), agree(runs["int8"][0], want)
+        ni = agree(runs["int16"][0], want)
         row += [f"{err(runs['fp16'][1], f64, n16):.1e}", f"{err(runs['int8'][1], f64, n8):.1e}",
+                f"{err(runs['int16'][1], f64, ni):.1e}",
                 f"{err(runs['int8'][1], runs['fp16'][1], agree(runs['int8'][0], runs['fp16'][0])):.1e}",
-                f"{n16} of {steps}", f"{n8} of {steps}",
+                f"{n16} of {steps}", f"{n8} of {steps}", f"{ni} of {steps}",
                 f"{margin[n8]:.1e}" if n8 < steps else "-"]
         print("| " + " | ".join(row) + " |")
 

@@ -117,9 +117,9 @@ class Emitter:
         self.all_logits, self.dump_hidden = cm.all_logits, cm.dump_hidden
         c = cm.cfg.core
         self.L, self.W, self.P, self.S = c.lanes, c.width, c.vector_lanes, cm.cfg.stripe_bytes
-        # weight matrices: tiles of LW rows, int8 with a row of scales per group (i8); the
-        # K and V caches: fp16 tiles of L rows
-        self.LW, self.i8 = c.tile_rows, c.weight_dtype == "int8"
+        # weight matrices: tiles of LW rows, integers (int8, int16) with a row of scales per
+        # group (i8); the K and V caches: fp16 tiles of L rows
+        self.LW, self.i8 = c.tile_rows, c.int_weights
         self.beat = cm.cfg.link.data_bits // 32      # a COLL beat, fp32 words
         self.fifo = c.weight_fifo_tiles
         self.tokens, self.pos0 = tokens, pos0

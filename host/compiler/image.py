@@ -61,7 +61,7 @@ class HbmImage:
         self.S = cfg.stripe_bytes
         self.next_row = 0
         self.parts = []          # (row, bytes)
-        self.quant = []          # int8 weights: (largest, sum, rows) of relative errors per row
+        self.quant = []          # int8/int16 weights: (largest, sum, rows) of relative errors per row
 
     def note_quant(self, w, q, e):
         """Record a quantized matrix's error: per row, |w - q scale| / |w| (norms of the row),
@@ -75,7 +75,7 @@ class HbmImage:
             self.quant.append((float(rel.max()), float(rel.sum()), int(rel.size)))
 
     def quant_error(self):
-        """(largest, mean) relative error per row over every int8 matrix, or None."""
+        """(largest, mean) relative error per row over every quantized matrix, or None."""
         return quant_summary(self.quant)
 
     def alloc(self, nbytes, data=None):
@@ -165,25 +165,27 @@ class HbmLayout:
 
 def _matrix(img, L, W, rows, cols, mat, *, folded=False):
     """Allocate a [rows, cols] weight matrix in stream order holding ``mat`` (None: its rows
-    only): fp16 tiles of L rows, or with int8 weights (``img.cfg``) tiles of 2L rows and each
-    group's row of scales (``layout.i8_stream``), the matrix quantized row by row
-    (``quant.quantize_rows``; its errors kept in ``img.quant``). A LayerNorm-``folded``
-    matrix keeps its rows' zero sums through the rounding, so that x's mean still drops out
-    (``weights.fold_layer_norm``; docs/numerics.md)."""
-    if img.cfg.core.weight_dtype == "int8":
-        L2 = 2 * L
-        rb, cb = -(-rows // L2), -(-cols // W)
+    only): fp16 tiles of L rows, or with integer weights (``img.cfg``) tiles of
+    ``core.tile_rows`` rows (2L int8, L int16) and each group's row of scales
+    (``layout.i8_stream``), the matrix quantized row by row (``quant.quantize_rows``; its
+    errors kept in ``img.quant``). A LayerNorm-``folded`` matrix keeps its rows' zero sums
+    through the rounding, so that x's mean still drops out (``weights.fold_layer_norm``;
+    docs/numerics.md)."""
+    c = img.cfg.core
+    if c.int_weights:
+        LQ = c.tile_rows
+        rb, cb = -(-rows // LQ), -(-cols // W)
         if mat is None:
             row, _ = img.alloc(stream_tiles(rb, cb, GROUP, True) * img.S)
             return Matrix(row, rb, cb)
         assert mat.shape == (rows, cols), (mat.shape, rows, cols)
         try:
-            q, e = quantize_rows(mat, keep_sum=folded)
+            q, e = quantize_rows(mat, keep_sum=folded, dtype=np.dtype(c.weight_dtype))
         except ValueError as err:
-            raise UserError(f"model: a {rows} x {cols} weight matrix cannot be quantized to int8: "
-                            f"{err}") from None
+            raise UserError(f"model: a {rows} x {cols} weight matrix cannot be quantized to "
+                            f"{c.weight_dtype}: {err}") from None
         img.note_quant(mat, q, e)
-        data, rb, cb = i8_stream(q, e, L2, W, GROUP, img.S)
+        data, rb, cb = i8_stream(q, e, LQ, W, GROUP, img.S)
         row, _ = img.alloc(data.nbytes, data)
         return Matrix(row, rb, cb)
     rb, cb = -(-rows // L), -(-cols // W)
@@ -205,8 +207,8 @@ def _layer(img, cfg, shape, w, i, part, dims, params):
     proj = _matrix(img, L, W, d, dims.dq, wts.attn_proj(w, i, shape, part, dims) if some else None)
     wfc, bfc = wts.c_fc(w, i, part) if some else (None, None)
     fc = _matrix(img, L, W, F, d, wfc, folded=True)
-    i8 = cfg.core.weight_dtype == "int8"
-    fa = mlp_proj_split(F, d, cfg.core.tile_rows, W, cfg.core.weight_fifo_tiles, i8)
+    fa = mlp_proj_split(F, d, cfg.core.tile_rows, W, cfg.core.weight_fifo_tiles,
+                        cfg.core.int_weights)
     fc2 = tuple((_matrix(img, L, W, d, c1 - c0, wts.mlp_proj(w, i, part, c0, c1) if some else None), c0)
                 for c0, c1 in ((0, fa), (fa, F)) if c1 > c0)
     vec = params.pack(wts.layer_params(w, i, bqkv, bfc)) if some else None

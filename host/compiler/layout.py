@@ -49,8 +49,9 @@ def tiles_in_stream_order(mat, L, W, group):
 
 
 def i8_stream(q, e, rows, W, group, S):
-    """int8 matrix q [n, cols] with its rows' scale exponents e [n] -> (stream uint8 [k, S], rb,
-    cb): the tiles of ``rows`` rows by W columns (row-major bytes) in the MATVEC stream order of
+    """Integer matrix q [n, cols] (int8, or int16 stored little-endian) with its rows' scale
+    exponents e [n] -> (stream uint8 [k, S], rb, cb): the tiles of ``rows`` rows by W columns
+    (row-major) in the MATVEC stream order of
     ``tiles_in_stream_order``, each group's tiles preceded by one stripe row (S bytes) holding
     its rows' exponents, a byte a row (hw/isa.py MATVEC.i8). Padding rows are zero with scale
     exponent 127 (a scale of 1)."""
@@ -58,7 +59,7 @@ def i8_stream(q, e, rows, W, group, S):
     R, C = round_up(n, rows), round_up(cols, W)
     if group * rows > S:
         raise ValueError(f"a group's {group * rows} scales exceed a stripe row of {S} bytes")
-    pad = np.zeros((R, C), np.int8)
+    pad = np.zeros((R, C), q.dtype.newbyteorder("<"))
     pad[:n, :cols] = q
     ep = np.full(R, 127, np.uint8)
     ep[:n] = e

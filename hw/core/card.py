@@ -112,7 +112,8 @@ class Card(wiring.Component):
                                                   depth=c.weight_fifo_tiles)
         m.submodules.mpu = u.mpu = Mpu(lanes=c.lanes, width=c.width, vector_lanes=P,
                                        vsp_rows=rows, xb_words=c.xb_words, channels=C,
-                                       reuse=c.reuse, int8=c.weight_dtype == "int8")
+                                       reuse=c.reuse, weights=c.weight_dtype,
+                                       cache_phases=c.cache_phases)
         m.submodules.vpu = u.vpu = Vpu(lanes=P, vsp_rows=rows, xb_words=c.xb_words,
                                        width=c.width, red_max=cfg.reduce_max,
                                        special_share=c.special_share)

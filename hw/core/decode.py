@@ -75,9 +75,10 @@ class Decoder(wiring.Component):
         A collective unit is part of the card (else COLL is illegal).
     link_words : int
         fp32 words of a link beat (COLL pads to them).
-    int8 : bool
-        The matrix unit computes int8 tiles (MATVEC.i8; else it is BAD_FIELD). The tiles an
-        i8 MATVEC claims beyond rb x cb (a scale row a group) are the issue stage's.
+    qrows : int
+        MATVEC.i8's tile rows a lane: 2 (an int8 build), 1 (int16), 0 (fp16: MATVEC.i8 is
+        BAD_FIELD). The tiles an i8 MATVEC claims beyond rb x cb (a scale row a group) are
+        the issue stage's.
 
     Members
     -------
@@ -92,9 +93,10 @@ class Decoder(wiring.Component):
     """
 
     def __init__(self, *, vector_lanes, lanes, width, stripe_bytes, vsp_words, xb_words,
-                 channel_rows, reduce_max, ring, link_words, int8=False):
+                 channel_rows, reduce_max, ring, link_words, qrows=0):
+        assert qrows in (0, 1, 2), qrows
         self.P, self.L, self.W, self.S = vector_lanes, lanes, width, stripe_bytes
-        self.int8 = int8
+        self.qrows = qrows
         self.vsp_words, self.xb_words, self.rows = vsp_words, xb_words, channel_rows
         self.red_max, self.ring, self.B = reduce_max, ring, link_words
         super().__init__({
@@ -178,10 +180,11 @@ class Decoder(wiring.Component):
         pl = (self.P - 1).bit_length()
         T = f.tokens
         multi = T > 1
-        # rows of output: rb row blocks of lanes rows, of 2 x lanes with i8
-        rbl = Mux(f.i8, f.rb << (ll + 1), f.rb << ll) if self.int8 else f.rb << ll
-        if self.int8:   # int8 tiles: not transposed; a group's scales fit in a stripe row
-            bad_i8 = f.i8 & (f.tt | ((f.group << (ll + 1)) > self.S))
+        # rows of output: rb row blocks of lanes rows, of 2 x lanes with int8's i8
+        rbl = Mux(f.i8, f.rb << (ll + 1), f.rb << ll) if self.qrows == 2 else f.rb << ll
+        if self.qrows:  # integer tiles: not transposed; a group's scales fit in a stripe row
+            ql = ll + self.qrows - 1
+            bad_i8 = f.i8 & (f.tt | ((f.group << ql) > self.S))
         else:           # the card computes with fp16 tiles only
             bad_i8 = f.i8
         # the addresses in words (the fields are rows: width XB words, vector_lanes VSP words)

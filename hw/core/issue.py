@@ -210,8 +210,8 @@ class Issue(wiring.Component):
             vector_lanes=c.vector_lanes, lanes=c.lanes, width=c.width, stripe_bytes=self.S,
             vsp_words=c.vsp_words, xb_words=c.xb_words, channel_rows=cfg.channel_rows,
             reduce_max=cfg.reduce_max, ring=self.ring, link_words=cfg.link.data_bits // 32,
-            int8=c.weight_dtype == "int8")
-        self.int8 = c.weight_dtype == "int8"
+            qrows=c.tile_rows // c.lanes if c.int_weights else 0)
+        self.int_weights = c.int_weights
         self.units = tuple(u for u in UNITS if u != "coll" or self.ring)
         ring = {"q_coll": Out(stream.Signature(CollCmd)), "done_coll": In(1), "coll_err": In(1),
                 "coll_err_pc": In(PC_BITS)} if self.ring else {}
@@ -250,7 +250,7 @@ class Issue(wiring.Component):
             m.d.sync += dv.eq(0)
         # An i8 MATVEC also claims a scale row per group: ceil(rb / group) more tiles, found by
         # a divider here (a bit a cycle) before the instruction may issue or fail.
-        need, need_ok = (self._scale_rows(m, dec, dq) if self.int8
+        need, need_ok = (self._scale_rows(m, dec, dq) if self.int_weights
                          else (dq.need, Const(1, 1)))
         ready = dv & need_ok                   # dq's instruction, its checks all known
 

@@ -68,9 +68,13 @@ class Mpu(wiring.Component):
     reuse : int
         Token vectors that meet each tile per step (R): a MATVEC over T tokens takes
         ceil(T / R) steps per tile.
-    int8 : bool
-        A ``core.weight_dtype: int8`` build: MATVEC.i8 too (a tile of 2 x lanes int8 rows
-        meets R / 2 tokens a step, each group's scale row popped before its tiles).
+    weights : str
+        ``core.weight_dtype``: "int8", MATVEC.i8 too (a tile of 2 x lanes int8 rows meets
+        R / 2 tokens a step, each group's scale row popped before its tiles); "int16",
+        MATVEC.i8 of lanes int16 rows (R tokens a step, the scale rows as int8's) and the
+        fp16 tiles (the K and V caches) in ``cache_phases`` cycles a step.
+    cache_phases : int
+        ``core.cache_phases`` (int16 builds).
 
     Members
     -------
@@ -84,9 +88,10 @@ class Mpu(wiring.Component):
     """
 
     def __init__(self, *, lanes, width, vector_lanes, vsp_rows, xb_words, channels, reuse=1,
-                 int8=False):
+                 weights="fp16", cache_phases=1):
         self.L, self.W, self.P, self.R, self.C = lanes, width, vector_lanes, reuse, channels
-        self.int8 = int8
+        self.int8, self.int16 = weights == "int8", weights == "int16"
+        self.phases = cache_phases
         self.vsp_row_bits = (vsp_rows - 1).bit_length()
         self.xb_row_bits = max(1, (xb_words // width - 1).bit_length())
         super().__init__({
@@ -115,11 +120,12 @@ class Mpu(wiring.Component):
         m.submodules.seq = seq = MpuSequencer(lanes=L, width=W, vector_lanes=P, vsp_row_bits=rows,
                                               xb_row_bits=self.xb_row_bits,
                                               window=Fp32Add.LATENCY + 1, reuse=R,
-                                              int8=self.int8)
+                                              int8=self.int8, int16=self.int16,
+                                              phases=self.phases)
         m.submodules.bias = bias = BiasBanks(lanes=L, vector_lanes=P, vsp_row_bits=rows, reuse=R,
                                              int8=self.int8)
         m.submodules.mac = mac = MacArray(lanes=L, width=W, channels=self.C, reuse=R,
-                                          int8=self.int8)
+                                          int8=self.int8, int16=self.int16, phases=self.phases)
         m.submodules.acc = acc = Accumulators(lanes=L, row_bits=rows, align=X - 2, reuse=R)
         m.submodules.out = out = OutWriter(lanes=L, vector_lanes=P, row_bits=rows, reuse=R)
 
@@ -145,8 +151,10 @@ class Mpu(wiring.Component):
         # Stage 2 -> X -> X + ADD: products, trees, accumulation; finished rows out.
         m.d.comb += [mac.x.eq(x2), acc.meta.eq(s2.as_value()[:len(acc.meta.as_value())]),
                      acc.bias.eq(bias2), acc.partial.eq(mac.o)]
-        if self.int8:
+        if self.int8 or self.int16:
             m.d.comb += [mac.scale.eq(seq.scale), mac.i8.eq(s2.i8), mac.block.eq(s2.block)]
+        if self.phases > 1:
+            m.d.comb += mac.phase.eq(s2.phase)
         wiring.connect(m, acc.o, out.i)
         wiring.connect(m, out.w, wiring.flipped(self.w_out))
         m.d.comb += [self.done.eq(out.done), self.busy.eq(seq.active | out.busy)]

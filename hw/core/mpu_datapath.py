@@ -15,7 +15,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.arith.dot import DotArray
+from hw.arith.dot import DotArray, DotArrayI16
 from hw.arith.pipe import delay
 from hw.arith.units import Fp32Add
 from hw.isa import ACC_DEPTH
@@ -60,6 +60,10 @@ class MacArray(wiring.Component):
         popped like a tile and taken, a channel's part under its pop, into the scale register
         instead of the tile register; each step's rows' exponents are picked from it by the
         step's row block in the group.
+    int16 : bool
+        The build's weight tiles are int16 (:class:`hw.arith.dot.DotArrayI16`): scale rows as
+        int8's, a byte a tile row; its fp16 tiles (the K and V caches) through lanes /
+        ``phases`` row alignments, a step's ``phases`` cycles with the tile held.
 
     Members
     -------
@@ -72,18 +76,23 @@ class MacArray(wiring.Component):
     o : ``Out(32 * lanes * reuse)``
         The partial sums, token j's lane l in word ``j * lanes + l``,
         ``DotArray.latency(width)`` cycles after the tile register.
-    scale : ``In(1)``  (with ``int8``)
+    scale : ``In(1)``  (with ``int8`` or ``int16``)
         The tile being popped is a scale row (as ``tt``, the cycle before ``take``).
-    i8 : ``In(1)``; block : ``In(SLOT_BITS)``  (with ``int8``)
-        The step at the tile register: int8, and its row block in its group.
+    i8 : ``In(1)``; block : ``In(SLOT_BITS)``  (with ``int8`` or ``int16``)
+        The step at the tile register: integer weights, and its row block in its group.
+    phase : ``In(bits of phases - 1)``  (with ``int16`` and ``phases`` > 1)
+        The cycle's phase of a cache tile's step, at the tile register.
     """
 
-    def __init__(self, *, lanes, width, channels, reuse=1, int8=False):
+    def __init__(self, *, lanes, width, channels, reuse=1, int8=False, int16=False, phases=1):
+        assert not (int8 and int16) and (int16 or phases == 1)
         self._lanes, self._width, self._channels, self._reuse = lanes, width, channels, reuse
-        self._int8 = int8
+        self._int8, self._int16, self._phases = int8, int16, phases
         if (16 * lanes * width) % channels:
             raise ValueError(f"a tile of {16 * lanes * width} bits is not {channels} channel beats")
-        extra = {"scale": In(1), "i8": In(1), "block": In(SLOT_BITS)} if int8 else {}
+        extra = {"scale": In(1), "i8": In(1), "block": In(SLOT_BITS)} if int8 or int16 else {}
+        if phases > 1:
+            extra["phase"] = In((phases - 1).bit_length())
         super().__init__({"head": In(16 * lanes * width), "take": In(channels), "tt": In(1),
                           "x": In(16 * width * reuse), "o": Out(32 * lanes * reuse), **extra})
 
@@ -95,14 +104,17 @@ class MacArray(wiring.Component):
         tposed = Cat(*[p[16 * (c * L + r):16 * (c * L + r + 1)] for r in range(L) for c in range(W)])
         # int8: the scale row of the group being issued, 2 x lanes bytes for each of its row
         # blocks (a group has at most min(width, ACC_DEPTH) of them: group x 2 lanes bytes
-        # fit in the stripe, and group x tokens slots in the accumulators)
-        sbits = 16 * L * min(W, ACC_DEPTH)
-        scales = Signal(sbits, reset_less=True) if self._int8 else None
+        # fit in the stripe, and group x tokens slots in the accumulators); int16: lanes
+        # bytes a row block, at most min(2 width, ACC_DEPTH) of them
+        qw = self._int8 or self._int16
+        eb = 16 * L if self._int8 else 8 * L     # a row block's scale bits
+        sbits = eb * min((1 if self._int8 else 2) * W, ACC_DEPTH)
+        scales = Signal(sbits, reset_less=True) if qw else None
         for k in range(C):
             tt = Signal(name=f"tt{k}")          # the pop's flag, one copy a channel
             m.d.sync += tt.eq(self.tt)
             part = slice(B * k, B * (k + 1))
-            if self._int8:
+            if qw:
                 sc = Signal(name=f"sc{k}")      # ... and the scale row's
                 m.d.sync += sc.eq(self.scale)
                 with m.If(self.take[k] & ~sc):
@@ -114,10 +126,18 @@ class MacArray(wiring.Component):
             else:
                 with m.If(self.take[k]):
                     m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
+        if self._int16:
+            m.submodules.dot = dot = DotArrayI16(lanes=L, width=W, reuse=self._reuse,
+                                                 aligners=L // self._phases)
+            m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o),
+                         dot.cache.eq(~self.i8), dot.e.eq(scales.word_select(self.block, eb))]
+            if self._phases > 1:
+                m.d.comb += dot.phase.eq(self.phase)
+            return m
         m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse, int8=self._int8)
         m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
         if self._int8:
-            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(scales.word_select(self.block, 16 * L))]
+            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(scales.word_select(self.block, eb))]
         return m
 
 

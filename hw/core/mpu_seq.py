@@ -19,11 +19,14 @@ __all__ = ["SLOT_BITS", "step_layout", "group_rows", "SlotWindow", "MpuSequencer
 SLOT_BITS = 6           # an accumulator slot (hw.isa.ACC_DEPTH of them)
 
 
-def step_layout(row_bits, reuse=1, int8=False):
-    """What a step carries down the pipeline (with ``int8``: its mode and row block, which
-    picks its rows' scales)."""
-    # (the int8 fields last: the accumulators take the rest)
+def step_layout(row_bits, reuse=1, int8=False, phases=1):
+    """What a step carries down the pipeline (with ``int8``, an integer-weight build: its mode
+    and row block, which picks its rows' scales; with ``phases`` > 1 the cycle's phase of a
+    cache tile). ``int8``, ``phase`` and ``i8`` are set in every cycle, valid or not."""
+    # (the integer fields last: the accumulators take the rest)
     extra = {"i8": 1, "block": SLOT_BITS} if int8 else {}
+    if phases > 1:
+        extra["phase"] = (phases - 1).bit_length()
     return data.StructLayout({
         "valid": 1,
         "first": 1,             # first column block: start from the bias (or -0), not the slot
@@ -107,6 +110,15 @@ class MpuSequencer(wiring.Component):
         (a token's two rows of each lane: its 2 x lanes rows, output as two row blocks of
         lanes rows, ``rows[2 t]`` and ``rows[2 t + 1]``), and each group starts with a pop
         of its scale row (``scale``: the tile goes to the scale register, no step issues).
+    int16 : bool
+        The build computes int16 tiles (MATVEC.i8 of an int16 build): R tokens a step as
+        fp16's, each group's scale row popped before its tiles as int8's.
+    phases : int
+        With ``int16``: a step of an fp16 tile (a K or V cache's) takes ``phases``
+        consecutive cycles, phase 0 .. phases - 1 (``s1.phase``), its tile and XB rows held:
+        the checks are made, the tile popped and the output claimed in phase 0, the step's
+        metadata is valid, its slot updated and the loop advanced in the last phase
+        (``DotArrayI16``: the result follows the last phase).
 
     Members
     -------
@@ -145,18 +157,21 @@ class MpuSequencer(wiring.Component):
     """
 
     def __init__(self, *, lanes, width, vector_lanes, vsp_row_bits, xb_row_bits, window, reuse=1,
-                 int8=False):
+                 int8=False, int16=False, phases=1):
+        assert not (int8 and int16) and (int16 or phases == 1)
         self._lanes, self._width, self._vlanes = lanes, width, vector_lanes
         self._window, self._reuse, self._int8 = window, reuse, int8
+        self._int16, self._phases = int16, phases
+        qw = int8 or int16
         super().__init__({
-            **({"scale": Out(1)} if int8 else {}),
+            **({"scale": Out(1)} if qw else {}),
             "cmd": In(stream.Signature(MatvecCmd)),
             "mv": Out(MatvecCmd), "active": Out(1), "begin": Out(1),
             "tile_valid": In(1), "credit": In(1), "bias_ready": In(1),
             "step": Out(1), "pop": Out(1), "claim": Out(1), "group_done": Out(1),
             "xrow": Out(data.ArrayLayout(xb_row_bits, reuse)), "block": Out(SLOT_BITS),
             "slot": Out(SLOT_BITS),
-            "s1": Out(step_layout(vsp_row_bits, reuse, int8)),
+            "s1": Out(step_layout(vsp_row_bits, reuse, qw, phases)),
             "starve": Out(1),
         })
 
@@ -173,28 +188,49 @@ class MpuSequencer(wiring.Component):
         ntg = Signal(5)          # token groups of the MATVEC: ceil(tokens / tokens a step)
         issued_all = Signal()
         # int8 (MATVEC.i8): R / 2 tokens a step, each a pair of the R products and two row
-        # blocks of output; a scale row popped before each group's tiles
-        i8 = mv.i8 if self._int8 else Const(0, 1)
+        # blocks of output; a scale row popped before each group's tiles (int16: the scale
+        # row, R tokens a step)
+        qw = self._int8 or self._int16
+        i8 = mv.i8 if qw else Const(0, 1)
         need_scale = Signal()    # the group's scale row is still to be popped
         tstep = Mux(i8, R // 2, R) if self._int8 else R
         tgroup = Mux(i8, t >> max(rshift - 1, 0), t >> rshift) if self._int8 else t >> rshift
+        # int16's fp16 (cache) tiles: a step over `phases` cycles; `ph` its phase, `held` in
+        # phases 1 .. phases - 1 (the step goes on whatever else happens), `fin` its last
+        Ph = self._phases
+        if Ph > 1:
+            ph = Signal(range(Ph))
+            held = ph != 0
+        else:
+            ph, held = Const(0, 1), Const(0, 1)
 
         # The step's place, and what may hold it back.
         m.submodules.window = window = SlotWindow(window=self._window)
         slot = (ri * ntg + tgroup)[0:SLOT_BITS]
         first_c, last_c, need_tile = c == 0, c == mv.cb - 1, t == 0
-        m.d.comb += [window.slot.eq(slot), window.update.eq(step & ~last_c)]
         hazard = window.hazard & ~first_c       # the first column block does not read its slot
         tile_ok = ~need_tile | self.tile_valid
         bias_ok = ~mv.bias_en | self.bias_ready
         waiting = self.active & ~issued_all
-        scale_pop = waiting & need_scale & self.tile_valid
-        m.d.comb += [step.eq(waiting & ~need_scale & tile_ok & ~hazard & (~last_c | self.credit)
-                             & bias_ok),
-                     self.starve.eq(waiting & (need_scale | need_tile) & ~self.tile_valid),
-                     self.pop.eq((step & need_tile) | scale_pop), self.claim.eq(step & last_c),
+        scale_pop = waiting & need_scale & self.tile_valid & ~held
+        start = Signal()         # a step starts (its first, or only, cycle)
+        fin = Signal()           # a step ends: its metadata valid, its slot updated, the loop on
+        m.d.comb += [start.eq(waiting & ~held & ~need_scale & tile_ok & ~hazard
+                              & (~last_c | self.credit) & bias_ok),
+                     step.eq(start | held),
+                     self.starve.eq(waiting & ~held & (need_scale | need_tile) & ~self.tile_valid),
+                     self.pop.eq((start & need_tile) | scale_pop), self.claim.eq(start & last_c),
                      self.block.eq(ri[0:SLOT_BITS]), self.slot.eq(slot)]
-        if self._int8:
+        if Ph > 1:
+            multi = ~i8                          # an fp16 tile: phases cycles
+            m.d.comb += fin.eq(Mux(multi, step & (ph == Ph - 1), start))
+            with m.If(step & multi):
+                m.d.sync += ph.eq(Mux(ph == Ph - 1, 0, ph + 1))
+            m.d.sync += self.s1.phase.eq(ph)
+        else:
+            m.d.comb += fin.eq(start)
+        m.d.comb += [window.slot.eq(slot), window.update.eq(fin & ~last_c)]
+        if qw:
             m.d.comb += self.scale.eq(scale_pop)
         xs, ds = mv.xstride, mv.dstride        # (MATVEC's addresses are rows)
         xrow0 = mv.xb + t * xs + c
@@ -209,16 +245,16 @@ class MpuSequencer(wiring.Component):
             m.d.sync += self.s1.rows[j].eq(r16)
         last_t, last_ri = t + tstep >= mv.tokens, ri == gs - 1
         ntok = Mux(last_t, mv.tokens - t, tstep)
-        m.d.sync += [self.s1.valid.eq(step), self.s1.first.eq(first_c), self.s1.last.eq(last_c),
+        m.d.sync += [self.s1.valid.eq(fin), self.s1.first.eq(first_c), self.s1.last.eq(last_c),
                      self.s1.slot.eq(slot), self.s1.bias_en.eq(mv.bias_en),
                      self.s1.n.eq(Mux(i8, ntok << 1, ntok) if self._int8 else ntok),
                      self.s1.end.eq(last_t & last_ri & last_c & (g0 + gs >= mv.rb))]
-        if self._int8:
+        if qw:
             m.d.sync += [self.s1.i8.eq(i8), self.s1.block.eq(ri[0:SLOT_BITS])]
 
         # The loop nest: token, row block in the group, column block, group.
-        m.d.comb += self.group_done.eq(step & last_t & last_ri & last_c)
-        with m.If(step):
+        m.d.comb += self.group_done.eq(fin & last_t & last_ri & last_c)
+        with m.If(fin):
             m.d.sync += t.eq(Mux(last_t, 0, t + tstep))
             with m.If(last_t):
                 m.d.sync += ri.eq(Mux(last_ri, 0, ri + 1))
@@ -244,5 +280,5 @@ class MpuSequencer(wiring.Component):
                          issued_all.eq(0), gs.eq(Mux(p.rb < p.group, p.rb, p.group)),
                          ntg.eq(Mux(p.i8, (p.tokens + R // 2 - 1) >> max(rshift - 1, 0), ntg16)
                                 if self._int8 else ntg16),
-                         need_scale.eq(p.i8 if self._int8 else 0)]
+                         need_scale.eq(p.i8 if qw else 0)]
         return m

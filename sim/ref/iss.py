@@ -179,13 +179,14 @@ class Iss:
         # the addresses in words (the fields are rows of width XB words, vector_lanes VSP words)
         i = Insn(i.op, {**i.fields, "xb": i.xb * W, "xstride": i.xstride * W, "dst": i.dst * P,
                         "bias": i.bias * P, "dstride": i.dstride * P})
+        # i8: integer weight tiles of the build's core.weight_dtype (int8: 2L rows, int16: L)
         i8 = bool(i.i8)
-        L = self.L * (2 if i8 else 1)              # rows of a tile
+        qt = np.dtype(self.cfg.core.weight_dtype) if self.cfg.core.int_weights else None
+        L = self.cfg.core.tile_rows if i8 else self.L      # rows of a tile
         rb, cb, grp, T = i.rb, i.cb, i.group, i.tokens
         if (rb == 0 or cb == 0 or grp == 0 or not 1 <= T <= MAX_TOKENS or grp * T > ACC_DEPTH
                 or (T > 1 and i.dstride < rb * L)
-                or (i8 and (self.cfg.core.weight_dtype != "int8" or i.tt
-                            or grp * L > self.S))):
+                or (i8 and (qt is None or i.tt or grp * L > self.S))):
             raise IssError("BAD_FIELD")
         btok = bool(i.bias_en and i.btok)         # a bias per token, at the output's stride
         bspan = (T - 1) * i.dstride + rb * L if btok else rb * L
@@ -205,8 +206,8 @@ class Iss:
         if i.tt:            # stored column-major: element (r, c) at c * L + r
             tiles = [t.reshape(W, L).T for t in tiles]
         if i8:
-            # each group: a stripe row of its rows' scale exponents, then its tiles (2L rows
-            # of W int8 weights, row-major)
+            # each group: a stripe row of its rows' scale exponents, then its tiles (L rows
+            # of W integer weights, row-major; int16 little-endian)
             e = np.empty((rb, L), np.uint8)
             rest = []
             for g0 in range(0, rb, grp):
@@ -214,9 +215,9 @@ class Iss:
                 e[g0:g0 + gs] = tiles[0].view(np.uint8).reshape(-1)[:gs * L].reshape(gs, L)
                 rest += tiles[1:1 + gs * cb]
                 tiles = tiles[1 + gs * cb:]
-            tiles = [t.view(np.int8).reshape(L, W) for t in rest]
+            tiles = [t.view(qt.newbyteorder("<")).reshape(L, W) for t in rest]
         # Tile k of the stream is (row block r, column block c) in group-major order.
-        w = np.empty((rb, cb, L, W), np.int8 if i8 else np.uint16)
+        w = np.empty((rb, cb, L, W), qt if i8 else np.uint16)
         k = 0
         for g0 in range(0, rb, grp):
             gs = min(grp, rb - g0)
@@ -229,7 +230,7 @@ class Iss:
         acc = None
         for c in range(cb):
             if i8:
-                part = A.i8_dot(w[None, :, c, :, :], x[:, None, c, None, :], e[None])  # [T, rb, L]
+                part = A.int_dot(w[None, :, c, :, :], x[:, None, c, None, :], e[None])  # [T, rb, L]
             else:
                 part = A.bfp_dot(w[None, :, c, :, :], x[:, None, c, None, :])        # [T, rb, L]
             if c == 0:

@@ -430,7 +430,10 @@ class DotArrayI16(wiring.Component):
     - a *cache tile* (fp16, the K and V caches the card writes at run time): ``aligners`` = A
       weight-row alignments (``BlockAlign``) serve the ``lanes`` rows over P = lanes / A
       consecutive cycles, ``phase`` 0 .. P - 1, rows [g A, (g + 1) A) in phase g, with ``w``
-      and ``x`` held over the P cycles; token j's lane l is :func:`sim.ref.arith.bfp_dot` of
+      and ``x`` held over the P cycles; with ``tt`` the tile is stored transposed (element
+      (r, c) at bits 16 (c lanes + r): the V cache, MATVEC.tt), each alignment taking its row
+      from there (a choice of 2P rows of its inputs, instead of a transposition of the whole
+      tile in front of the tile register); token j's lane l is :func:`sim.ref.arith.bfp_dot` of
       row l with block j, delivered ``LATENCY`` cycles after the last phase. The lanes of
       phase g take their rows in that phase's cycle (the held activations' alignment gives
       the same block every cycle), and their results wait P - 1 - g cycles at the output: 32
@@ -444,6 +447,7 @@ class DotArrayI16(wiring.Component):
     -------
     w : ``In(16 * width * lanes)``; x : ``In(16 * width * reuse)``, token 0's block low
     e : ``In(8 * lanes)``; cache : ``In(1)``; phase : ``In(bits of P - 1)`` (P > 1 only)
+    tt : ``In(1)``  a cache tile stored transposed (ignored for an int16 tile)
     o : ``Out(32 * lanes * reuse)``, token j's lane l in word ``j * lanes + l``
     """
 
@@ -461,7 +465,7 @@ class DotArrayI16(wiring.Component):
         self.LATENCY = self.latency(width, a_bits, b_bits, self.chain)
         extra = {"phase": In((self.phases - 1).bit_length())} if self.phases > 1 else {}
         super().__init__({"w": In(16 * width * lanes), "x": In(16 * width * reuse),
-                          "e": In(8 * lanes), "cache": In(1), **extra,
+                          "e": In(8 * lanes), "cache": In(1), "tt": In(1), **extra,
                           "o": Out(32 * lanes * reuse)})
 
     @staticmethod
@@ -482,13 +486,16 @@ class DotArrayI16(wiring.Component):
         def row(r):
             return self.w[rowbits * r:rowbits * (r + 1)]
 
+        def trow(r):        # row r of a tile stored transposed: element c at c lanes + r
+            return Cat(*[self.w[16 * (c * L + r):16 * (c * L + r + 1)] for c in range(W)])
+
         # the cache tiles' alignments: aligner k takes row g A + k in phase g
         wals = []
         for k in range(A):
             m.submodules[f"wal{k}"] = wal = BlockAlign(W, self.b_bits, skew=C)
-            pick = row(k)
+            pick = Mux(self.tt, trow(k), row(k))
             for g in range(1, P):
-                pick = Mux(self.phase == g, row(g * A + k), pick)
+                pick = Mux(self.phase == g, Mux(self.tt, trow(g * A + k), row(g * A + k)), pick)
             m.d.comb += wal.a.eq(pick)
             wals.append(wal)
         # the step's kind beside each skew of the multipliers' inputs (a copy per lane)

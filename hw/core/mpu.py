@@ -143,7 +143,7 @@ class Mpu(wiring.Component):
         # While idle and told to (stopping), tiles are popped and dropped.
         drop = ~seq.active & self.discard & self.wf.avail
         m.d.comb += [self.wf.pop.eq(seq.pop | drop), mac.head.eq(self.wf.head),
-                     mac.take.eq(self.wf.take), mac.tt.eq(seq.mv.tt), self.xb.addr.eq(seq.xrow)]
+                     mac.take.eq(self.wf.take), self.xb.addr.eq(seq.xrow)]
         x2 = Signal(len(self.xb.data), reset_less=True)
         bias2 = Signal(len(bias.data), reset_less=True)
         s2 = delay(m, seq.s1, 1, name="s2")[-1]
@@ -151,6 +151,8 @@ class Mpu(wiring.Component):
         # Stage 2 -> X -> X + ADD: products, trees, accumulation; finished rows out.
         m.d.comb += [mac.x.eq(x2), acc.meta.eq(s2.as_value()[:len(acc.meta.as_value())]),
                      acc.bias.eq(bias2), acc.partial.eq(mac.o)]
+        # the tile's transposition: as it is taken, or (int16) by the array, step by step
+        m.d.comb += mac.tt.eq(s2.tt if self.int16 else seq.mv.tt)
         if self.int8 or self.int16:
             m.d.comb += [mac.scale.eq(seq.scale), mac.i8.eq(s2.i8), mac.block.eq(s2.block)]
         if self.phases > 1:

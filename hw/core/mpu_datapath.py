@@ -63,14 +63,17 @@ class MacArray(wiring.Component):
     int16 : bool
         The build's weight tiles are int16 (:class:`hw.arith.dot.DotArrayI16`): scale rows as
         int8's, a byte a tile row; its fp16 tiles (the K and V caches) through lanes /
-        ``phases`` row alignments, a step's ``phases`` cycles with the tile held.
+        ``phases`` row alignments, a step's ``phases`` cycles with the tile held. The tile
+        register takes a tile as it is stored: a transposed one's rows are picked by the
+        alignments (``tt`` is then the step's, at the tile register).
 
     Members
     -------
     head : ``In(16 * lanes * width)``; take : ``In(channels)``
         The weight FIFO's head tile and its per-channel registered pops (``WeightRead``).
     tt : ``In(1)``
-        The tile being popped (the cycle before ``take``) is stored transposed.
+        The tile being popped (the cycle before ``take``) is stored transposed; with
+        ``int16``, the step at the tile register is a transposed cache tile's.
     x : ``In(16 * width * reuse)``
         The step's input blocks, token 0's in the low bits, beside the tile register.
     o : ``Out(32 * lanes * reuse)``
@@ -114,11 +117,13 @@ class MacArray(wiring.Component):
             tt = Signal(name=f"tt{k}")          # the pop's flag, one copy a channel
             m.d.sync += tt.eq(self.tt)
             part = slice(B * k, B * (k + 1))
+            # (int16: as stored, the array transposes a cache tile's rows)
+            taken = p[part] if self._int16 else Mux(tt, tposed[part], p[part])
             if qw:
                 sc = Signal(name=f"sc{k}")      # ... and the scale row's
                 m.d.sync += sc.eq(self.scale)
                 with m.If(self.take[k] & ~sc):
-                    m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
+                    m.d.sync += tile[part].eq(taken)
                 if B * k < sbits:
                     spart = slice(B * k, min(B * (k + 1), sbits))
                     with m.If(self.take[k] & sc):
@@ -129,7 +134,7 @@ class MacArray(wiring.Component):
         if self._int16:
             m.submodules.dot = dot = DotArrayI16(lanes=L, width=W, reuse=self._reuse,
                                                  aligners=L // self._phases)
-            m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o),
+            m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o), dot.tt.eq(self.tt),
                          dot.cache.eq(~self.i8), dot.e.eq(scales.word_select(self.block, eb))]
             if self._phases > 1:
                 m.d.comb += dot.phase.eq(self.phase)

@@ -19,12 +19,15 @@ __all__ = ["SLOT_BITS", "step_layout", "group_rows", "SlotWindow", "MpuSequencer
 SLOT_BITS = 6           # an accumulator slot (hw.isa.ACC_DEPTH of them)
 
 
-def step_layout(row_bits, reuse=1, int8=False, phases=1):
+def step_layout(row_bits, reuse=1, int8=False, phases=1, int16=False):
     """What a step carries down the pipeline (with ``int8``, an integer-weight build: its mode
-    and row block, which picks its rows' scales; with ``phases`` > 1 the cycle's phase of a
-    cache tile). ``int8``, ``phase`` and ``i8`` are set in every cycle, valid or not."""
+    and row block, which picks its rows' scales; with ``int16`` its MATVEC's tt, the array
+    transposing a cache tile's rows itself, and with ``phases`` > 1 the cycle's phase of a
+    cache tile). These are set in every cycle, valid or not."""
     # (the integer fields last: the accumulators take the rest)
-    extra = {"i8": 1, "block": SLOT_BITS} if int8 else {}
+    extra = {"i8": 1, "block": SLOT_BITS} if int8 or int16 else {}
+    if int16:
+        extra["tt"] = 1
     if phases > 1:
         extra["phase"] = (phases - 1).bit_length()
     return data.StructLayout({
@@ -171,7 +174,7 @@ class MpuSequencer(wiring.Component):
             "step": Out(1), "pop": Out(1), "claim": Out(1), "group_done": Out(1),
             "xrow": Out(data.ArrayLayout(xb_row_bits, reuse)), "block": Out(SLOT_BITS),
             "slot": Out(SLOT_BITS),
-            "s1": Out(step_layout(vsp_row_bits, reuse, qw, phases)),
+            "s1": Out(step_layout(vsp_row_bits, reuse, qw, phases, int16)),
             "starve": Out(1),
         })
 
@@ -251,6 +254,8 @@ class MpuSequencer(wiring.Component):
                      self.s1.end.eq(last_t & last_ri & last_c & (g0 + gs >= mv.rb))]
         if qw:
             m.d.sync += [self.s1.i8.eq(i8), self.s1.block.eq(ri[0:SLOT_BITS])]
+        if self._int16:
+            m.d.sync += self.s1.tt.eq(mv.tt)
 
         # The loop nest: token, row block in the group, column block, group.
         m.d.comb += self.group_done.eq(fin & last_t & last_ri & last_c)

@@ -4,9 +4,10 @@ Environment: GPTFPGA_PARAMS (JSON: lanes, width, reuse, aligners, latency), GPTF
 GPTFPGA_SEED.
 
 A random sequence of steps, one issue cycle each for an int16 tile and P = lanes / aligners
-for a cache tile (``phase`` 0 .. P - 1, the tile and the activations held), back to back in
-any order, with a few idle cycles of random inputs between them. Every int16 step's outputs
-are checked ``latency`` cycles after its cycle and every cache step's after its last phase,
+for a cache tile (``phase`` 0 .. P - 1, the tile and the activations held; a third of them
+given stored transposed, ``tt``), back to back in any order, with a few idle cycles of random
+inputs between them. Every int16 step's outputs are checked ``latency`` cycles after its
+cycle and every cache step's after its last phase,
 all lanes and tokens, bit for bit: int16 rows against ``i16_dot`` (int16 extremes, zero rows,
 every scale exponent, specials in the activations), fp16 cache tiles against ``bfp_dot``
 (sim/ref/vectors.py's corners and random rows, specials in both).
@@ -63,7 +64,7 @@ async def steps_against_reference(dut):
           f"(phases {PH}) latency={LAT} steps={N}")
     cw, cx = _dot_vectors(W, 4 * N, rng)          # cache tiles' rows and blocks, corners first
     nc = len(cw) // L
-    steps = []                                     # (kind, w, x, e)
+    steps = []                                     # (kind, w, x, e, tt)
     ci = 0
     for _ in range(N):
         kind = rng.choice(["int16", "cache", "idle"], p=[0.5, 0.42, 0.08])
@@ -71,14 +72,16 @@ async def steps_against_reference(dut):
             w = cw[ci * L:(ci + 1) * L]
             x = cx[ci * L:ci * L + R] if rng.random() < 0.5 else _x_blocks(rng, R)
             ci += 1
-            steps.append(("cache", w, x, rng.integers(0, 256, L).astype(np.uint8)))
+            steps.append(("cache", w, x, rng.integers(0, 256, L).astype(np.uint8),
+                          int(rng.random() < 0.33)))
         elif kind == "idle":
             steps.append(("idle", rng.integers(0, 1 << 16, (L, W), dtype=np.uint16),
-                          _x_blocks(rng, R), rng.integers(0, 256, L).astype(np.uint8)))
-        else:
+                          _x_blocks(rng, R), rng.integers(0, 256, L).astype(np.uint8),
+                          int(rng.integers(0, 2))))
+        else:       # (tt is ignored for an int16 tile: given at random)
             e = np.where(rng.random(L) < 0.5, rng.integers(0, 256, L), rng.integers(100, 130, L))
             steps.append(("int16", _q_rows(rng, L).view(np.uint16), _x_blocks(rng, R),
-                          e.astype(np.uint8)))
+                          e.astype(np.uint8), int(rng.integers(0, 2))))
     kinds = [s[0] for s in steps]
     assert "cache" in kinds and "int16" in kinds
 
@@ -112,8 +115,11 @@ async def steps_against_reference(dut):
     checked, bad = 0, []
     for cyc, (i, cache, phase, _result) in enumerate(issue):
         if i is not None:
-            kind, w, x, e = steps[i]
-            dut.w.value, dut.x.value, dut.e.value = _int(w), _int(x), _int(e)
+            kind, w, x, e, tt = steps[i]
+            # a transposed cache tile: element (r, c) at c * lanes + r
+            wv = w.T if (tt and kind == "cache") else w
+            dut.w.value, dut.x.value, dut.e.value = _int(wv), _int(x), _int(e)
+            dut.tt.value = tt
         dut.cache.value = cache
         if PH > 1:
             dut.phase.value = phase
@@ -130,5 +136,6 @@ async def steps_against_reference(dut):
     want = sum(1 for k in kinds if k != "idle")
     assert checked == want, (checked, want)
     assert not bad, f"DotArrayI16: steps differ (seed {SEED}):\n" + "\n".join(bad)
+    ntt = sum(1 for s in steps if s[0] == "cache" and s[4])
     print(f"tb_dot_i16: {checked} steps ({kinds.count('int16')} int16, {kinds.count('cache')} "
-          f"cache) bit-exact")
+          f"cache, {ntt} of them transposed) bit-exact")

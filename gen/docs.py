@@ -263,6 +263,7 @@ FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "pe
            "calibration": fig_calibration,
            "synth-u280x4": lambda: synth_full("u280x4"), "synth-tiny": lambda: synth_full("tiny"),
            "synth-u280x4-int8": lambda: synth_full("u280x4-int8"),
+           "synth-u280x4-int16": lambda: synth_full("u280x4-int16"),
            "perf-full": perf_full, "perf-what-if": perf_what_if}
 _BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

@@ -225,18 +225,11 @@ class ApplianceConfig:
                 f"core.cache_phases: got {self.core.cache_phases} with core.weight_dtype "
                 f"'{self.core.weight_dtype}'; allowed: 1 (only an int16 build aligns its cache "
                 f"tiles in phases)")
-        if self.core.lanes % self.core.cache_phases:
-            raise ConfigError(
-                f"core.cache_phases: got {self.core.cache_phases}; allowed: a divisor of "
-                f"core.lanes ({self.core.lanes})")
-        if self.core.lanes % self.core.vector_lanes:
-            raise ConfigError(
-                f"core.vector_lanes: got {self.core.vector_lanes}; allowed: a divisor of "
-                f"core.lanes ({self.core.lanes})")
-        if self.core.vector_lanes % self.core.special_share:
-            raise ConfigError(
-                f"core.special_share: got {self.core.special_share}; allowed: a divisor of "
-                f"core.vector_lanes ({self.core.vector_lanes})")
+        for key, of in (("cache_phases", "lanes"), ("vector_lanes", "lanes"),
+                        ("special_share", "vector_lanes")):
+            v, n = getattr(self.core, key), getattr(self.core, of)
+            if n % v:
+                raise ConfigError(f"core.{key}: got {v}; allowed: a divisor of core.{of} ({n})")
         seg = self.core.vsp_words // self.core.vsp_segments
         if seg < 4 * self.core.vector_lanes:
             raise ConfigError(

@@ -670,7 +670,7 @@ def predict(cfg, shape, *, cards, prompt, new_tokens, costs=None, overheads=Over
 
 def _weight_bytes(shape, nbytes=2):
     """Bytes of the weight matrices a decode step streams (the four per layer and the LM head;
-    ``nbytes`` a weight: 2 fp16, 1 int8), the HBM roofline's numerator."""
+    ``nbytes`` a weight: 2 fp16 or int16, 1 int8), the HBM roofline's numerator."""
     d, F = shape.d_model, shape.d_ff
     per_layer = 3 * d * d + d * d + 2 * d * F
     return nbytes * (shape.n_layer * per_layer + shape.vocab * d)

@@ -97,8 +97,8 @@ class CoreConfig:
                        lo=2, hi=256, pow2=True)
     # int8 weights, a power-of-two scale per row (docs/numerics.md): a tile (one stripe row)
     # holds 2 x lanes rows of int8 instead of lanes rows of fp16; the K and V caches stay fp16.
-    # int16 weights: the same scale per row, a tile of lanes rows of int16 (docs/performance.md,
-    # the route to R = 4); the ISS and the performance model run it, the card's RTL not yet.
+    # int16 weights: the same scale per row, a tile of lanes rows of int16 that skip the row
+    # alignment (docs/performance.md, the route to R = 4); the caches as cache_phases says.
     weight_dtype: str = _spec(str, "weight format in HBM", choices=("fp16", "int8", "int16"))
     vector_lanes: int = _spec(int, "vector unit lanes: fp32 elements per cycle (divides lanes)",
                               lo=1, hi=64, pow2=True)

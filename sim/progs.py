@@ -24,8 +24,9 @@ class Layout:
         self.tile_rows = (64, 320)        # random weight tiles for WLOAD
         # int8 and int16 builds: integer tiles (random, uniform, with zeros and the extremes)
         # and rows of scale exponents near 2^0 (with a few extremes) for MATVEC.i8
-        self.int8 = cfg.core.int_weights
-        self.qtype = np.dtype(cfg.core.weight_dtype).newbyteorder("<") if self.int8 else None
+        self.int_weights = cfg.core.int_weights
+        self.qtype = (np.dtype(cfg.core.weight_dtype).newbyteorder("<") if self.int_weights
+                      else None)
         self.i8_rows = (192, 320)
         self.scale_rows = (320, 352)
         self.out_rows = (512, 768)        # STORE targets
@@ -42,14 +43,14 @@ def _ceil(a, b):
 def random_hbm(cfg, rng, layout):
     """Random fp16 contents for the data and tile rows (mostly moderate values, some specials);
     with integer weights, integer tiles and scale rows in theirs (``Layout``)."""
-    rows = layout.scale_rows[1] if layout.int8 else layout.tile_rows[1]
+    rows = layout.scale_rows[1] if layout.int_weights else layout.tile_rows[1]
     n = rows * layout.S // 2
     vals = (rng.standard_normal(n) * np.exp(rng.uniform(-3, 2, n))).astype(np.float16)
     bits = vals.view(np.uint16).copy()
     special = rng.random(n) < 0.002
     bits[special] = rng.choice(np.array([0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0x0001, 0x03FF,
                                          0x7BFF], np.uint16), special.sum())
-    if layout.int8:
+    if layout.int_weights:
         b = bits.view(np.uint8)
         S = layout.S
         lo, hi = (r * S for r in layout.i8_rows)
@@ -226,7 +227,7 @@ class ProgramGen:
     def matvec(self):
         r = self.rng
         L, W, P = self.L, self.W, self.P
-        i8 = self.lay.int8 and r.random() < 0.5     # integer tiles: 2 L int8 rows a row block
+        i8 = self.lay.int_weights and r.random() < 0.5   # integer tiles: tile_rows a row block
         if i8:
             L = self.cfg.core.tile_rows
         rb, cb = int(r.integers(1, 7)), int(r.integers(1, 5))

@@ -130,7 +130,7 @@ class MacArray(wiring.Component):
                         m.d.sync += scales[spart].eq(p[spart])
             else:
                 with m.If(self.take[k]):
-                    m.d.sync += tile[part].eq(Mux(tt, tposed[part], p[part]))
+                    m.d.sync += tile[part].eq(taken)
         if self._int16:
             m.submodules.dot = dot = DotArrayI16(lanes=L, width=W, reuse=self._reuse,
                                                  aligners=L // self._phases)

@@ -456,6 +456,8 @@ def _memory_key(part):
                       sorted(mem.write_ports.index(w) for w in p.transparent_for)) for p in mem.read_ports],
             "write": [(repr(p.signature), p.domain) for p in mem.write_ports],
             "ports": [(n, len(v), d.name) for n, (v, d) in _ports(mem).items()]}
+    if mem.attrs:       # (ram_style: block RAM asked for)
+        desc["attrs"] = sorted((k, str(v)) for k, v in mem.attrs.items())
     return hashlib.sha256(json.dumps(desc).encode()).hexdigest()[:16]
 
 

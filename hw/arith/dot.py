@@ -24,7 +24,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from .fp import F32_QNAN, round_pack32
-from .pipe import delay
+from .pipe import delay, ram_delay
 from .tables import A_BITS, B_BITS
 
 __all__ = ["A_BITS", "B_BITS", "CHAIN", "chain_length", "BlockAlign", "IntDot", "BfpToFp32",
@@ -298,26 +298,36 @@ class BfpToFp32(wiring.Component):
         return m
 
 
-def _int_row(m, values, e, *, width, chain, b_bits, tag):
-    """An integer weight row as a lane's products take it, past the weight alignment:
-    ``values`` (``width`` signed integers of at most ``b_bits`` + 1 bits), sign-extended to the
-    multipliers' input, with their flags (nan, inf, zero, sign) and the row's scale exponent
-    ``e`` (2^(e - 127)) as a weight exponent (e - 127 + 14 + b_bits, so that the single
-    rounding's constants are fp16's), each at the time BlockAlign's outputs have theirs (value
-    i ``i mod chain`` cycles later). Returns (values, flags, exponent)."""
+def _int_rows(m, rows, exps, *, width, chain, b_bits, tag):
+    """Integer weight rows as a lane's products take them, past the weight alignment: each
+    row's values (``width`` signed integers of at most ``b_bits`` + 1 bits, at most 16 here),
+    sign-extended to the multipliers' input, with their flags (nan, inf, zero, sign) and the
+    row's scale exponent ``e`` (2^(e - 127)) as a weight exponent (e - 127 + 14 + b_bits, so
+    that the single rounding's constants are fp16's), each at the time BlockAlign's outputs
+    have theirs: value i ``BlockAlign.latency + i mod chain`` cycles after ``rows``, flags and
+    exponent ``BlockAlign.latency`` after. The values' and flags' delay lines are in block RAM
+    (:func:`ram_delay`): one memory a chain position, every row's values of that position in
+    it, the flags with position 0's (as SRLs they were a LUT a bit: 19 K on u280x4). Returns
+    (values, flags, exponent) a row; ``exps``: each row's 8-bit scale exponent."""
     lat = BlockAlign.latency(width)
-    bs, fs = [], []
-    for i, q in enumerate(values):
-        b = Signal(signed(b_bits + 1), name=f"{tag}_b{i}", reset_less=True)
-        f = Signal(4, name=f"{tag}_f{i}", reset_less=True)
-        m.d.sync += [b.eq(q), f.eq(Cat(Const(0, 2), q == 0, q < 0))]      # nan inf zero sign
-        d = lat - 1 + i % chain
-        bs.append(delay(m, b, d, name=f"{tag}_bd{i}_", reset_less=True)[-1] if d else b)
-        fs.append(delay(m, f, lat - 1, name=f"{tag}_fd{i}_", reset_less=True)[-1] if lat > 1 else f)
-    eb = Signal(signed(9), name=f"{tag}_eb", reset_less=True)
-    m.d.sync += eb.eq(e - (127 - 14 - b_bits))
-    ebd = delay(m, eb, lat - 1, name=f"{tag}_ebd", reset_less=True)[-1] if lat > 1 else eb
-    return bs, Cat(*fs), ebd
+    n = len(rows)
+    assert len(exps) == n and all(len(row) == width for row in rows)
+    items = [(row[i], lat + i % chain) for row in rows for i in range(width)]
+    items += [(Cat(row[i] == 0, row[i] < 0), lat) for row in rows for i in range(width)]  # zero, sign
+    late = ram_delay(m, items, name=f"{tag}_rd")
+    out = []
+    for r, e in enumerate(exps):
+        bs, fs = [], []
+        for i in range(width):
+            b = Signal(signed(b_bits + 1), name=f"{tag}{r}_b{i}")
+            m.d.comb += b.eq(late[r * width + i].as_signed())             # sign-extended
+            bs.append(b)
+            fs.append(Cat(Const(0, 2), late[n * width + r * width + i]))    # nan inf zero sign
+        eb = Signal(signed(9), name=f"{tag}{r}_eb", reset_less=True)
+        m.d.sync += eb.eq(e - (127 - 14 - b_bits))
+        ebd = delay(m, eb, lat - 1, name=f"{tag}{r}_ebd", reset_less=True)[-1] if lat > 1 else eb
+        out.append((bs, Cat(*fs), ebd))
+    return out
 
 
 class DotArray(wiring.Component):
@@ -373,12 +383,12 @@ class DotArray(wiring.Component):
                 W, self.a_bits, skew=self.chain)
             m.d.comb += xal.a.eq(self.x[rowbits * j:rowbits * (j + 1)])
             xals.append(xal)
+        rows8 = self._int8_rows(m) if self.int8 else None
         for lane in range(L):
             m.submodules[f"wal{lane}"] = wal = BlockAlign(W, self.b_bits, skew=self.chain)
             m.d.comb += wal.a.eq(self.w[rowbits * lane:rowbits * (lane + 1)])
             if self.int8:
                 sel = self._int8_select(m, lane)
-                rows8 = [self._int8_row(m, lane, h) for h in range(2)]
             for j, xal in enumerate(xals):
                 name = f"lane{lane}" if self.reuse == 1 else f"lane{lane}_t{j}"
                 m.submodules[name] = dl = DotLane(W, a_bits=self.a_bits, b_bits=self.b_bits,
@@ -387,7 +397,7 @@ class DotArray(wiring.Component):
                 m.d.comb += [dl.a.eq(xal.o), dl.fa.eq(xal.flags), dl.ea.eq(xal.e),
                              self.o[32 * k:32 * (k + 1)].eq(dl.o)]
                 if self.int8:
-                    b8, f8, e8 = rows8[j % 2]
+                    b8, f8, e8 = rows8[(j % 2) * L + lane]
                     m.d.comb += [
                         dl.b.eq(Cat(*[Mux(sel[i % self.chain], b8[i].as_unsigned(),
                                           wal.o.word_select(i, self.b_bits + 1))
@@ -408,13 +418,14 @@ class DotArray(wiring.Component):
         chain = [i8] + delay(m, i8, lat - 2 + self.chain, name=f"i8_{lane}_d", reset_less=True)
         return [chain[lat - 1 + s] for s in range(self.chain)]
 
-    def _int8_row(self, m, lane, h):
-        """Row ``h * lanes + lane`` of an int8 tile, as lane ``lane``'s products take it
-        (:func:`_int_row`)."""
-        W, r = self.width, h * self.lanes + lane
-        values = [self.w[8 * (r * W + i):8 * (r * W + i + 1)].as_signed() for i in range(W)]
-        return _int_row(m, values, self.e8[8 * r:8 * (r + 1)], width=W, chain=self.chain,
-                        b_bits=self.b_bits, tag=f"q{lane}_{h}")
+    def _int8_rows(self, m):
+        """Every row of an int8 tile (row r = h * lanes + lane: lane ``lane``'s products of
+        tokens with j mod 2 = h take it) as the products take it (:func:`_int_rows`)."""
+        W = self.width
+        rows = [[self.w[8 * (r * W + i):8 * (r * W + i + 1)].as_signed() for i in range(W)]
+                for r in range(2 * self.lanes)]
+        exps = [self.e8[8 * r:8 * (r + 1)] for r in range(2 * self.lanes)]
+        return _int_rows(m, rows, exps, width=W, chain=self.chain, b_bits=self.b_bits, tag="q")
 
 
 class DotArrayI16(wiring.Component):
@@ -426,7 +437,8 @@ class DotArrayI16(wiring.Component):
       weights (row r at bits [16 width r, 16 width (r + 1))), ``e`` the rows' scale exponents
       (byte r: 2^(e - 127)); token j's lane l is :func:`sim.ref.arith.i16_dot` of row l with
       block j. The integers go to the multipliers as they are (exact in their 18-bit input),
-      past any alignment, on delay lines with the alignment's latency and the chains' skew.
+      past any alignment, on delay lines with the alignment's latency and the chains' skew
+      (in block RAM: a memory a chain position, :meth:`_int16_rows`).
     - a *cache tile* (fp16, the K and V caches the card writes at run time): ``aligners`` = A
       weight-row alignments (``BlockAlign``) serve the ``lanes`` rows over P = lanes / A
       consecutive cycles, ``phase`` 0 .. P - 1, rows [g A, (g + 1) A) in phase g, with ``w``
@@ -501,6 +513,7 @@ class DotArrayI16(wiring.Component):
         # the step's kind beside each skew of the multipliers' inputs (a copy per lane)
         # and at the output
         odelay = DotLane.latency(W, self.a_bits, self.b_bits, C)
+        rows = self._int16_rows(m)
         for lane in range(L):
             g, wal = lane // A, wals[lane % A]
             cache = Signal(name=f"cache{lane}", reset_less=True)
@@ -509,7 +522,7 @@ class DotArrayI16(wiring.Component):
                                     reset_less=True)
             sel = [kinds[lat - 1 + s] for s in range(C)]
             at_out = kinds[lat - 1 + odelay]
-            bs, fs, eb = self._int16_row(m, lane)
+            bs, fs, eb = rows[lane]
             b = Cat(*[Mux(sel[i % C], wal.o.word_select(i, self.b_bits + 1), bs[i].as_unsigned())
                       for i in range(W)])
             fb = Mux(sel[0], wal.flags, fs)
@@ -528,13 +541,13 @@ class DotArrayI16(wiring.Component):
                 m.d.comb += self.o[32 * k:32 * (k + 1)].eq(o)
         return m
 
-    def _int16_row(self, m, lane):
-        """Row ``lane`` of an int16 tile as the lane's products take it (:func:`_int_row`)."""
-        W = self.width
-        values = [self.w[16 * (lane * W + i):16 * (lane * W + i + 1)].as_signed()
-                  for i in range(W)]
-        return _int_row(m, values, self.e[8 * lane:8 * (lane + 1)], width=W, chain=self.chain,
-                        b_bits=self.b_bits, tag=f"q{lane}")
+    def _int16_rows(self, m):
+        """Every lane's int16 row as its products take it (:func:`_int_rows`)."""
+        W, L = self.width, self.lanes
+        rows = [[self.w[16 * (lane * W + i):16 * (lane * W + i + 1)].as_signed() for i in range(W)]
+                for lane in range(L)]
+        exps = [self.e[8 * lane:8 * (lane + 1)] for lane in range(L)]
+        return _int_rows(m, rows, exps, width=W, chain=self.chain, b_bits=self.b_bits, tag="q")
 
 
 class DotLane(wiring.Component):
@@ -641,7 +654,8 @@ class I8Dot(wiring.Component):
                                            eb_signed=True)
         m.d.comb += xal.a.eq(self.x)
         values = [self.q[8 * j:8 * (j + 1)].as_signed() for j in range(W)]
-        bs, fs, eb = _int_row(m, values, self.e, width=W, chain=C, b_bits=self.b_bits, tag="q")
+        [(bs, fs, eb)] = _int_rows(m, [values], [self.e], width=W, chain=C, b_bits=self.b_bits,
+                                   tag="q")
         m.d.comb += [lane.a.eq(xal.o), lane.fa.eq(xal.flags), lane.ea.eq(xal.e),
                      lane.b.eq(Cat(*bs)), lane.fb.eq(fs), lane.eb.eq(eb), self.o.eq(lane.o)]
         return m

@@ -8,13 +8,15 @@ only counts stages, which is how a component learns its latency before it is ela
 
 :func:`delay` is the plain form for the units' own sequencing: a value (a valid bit, a step's
 metadata) carried down a pipeline beside the arithmetic, one register per stage.
+:func:`ram_delay` carries wide values many cycles in block RAM instead (no LUTs).
 """
 
-from amaranth.hdl import Array, Const, Signal
+from amaranth.hdl import Array, Cat, Const, Signal
+from amaranth.lib.memory import Memory
 
 from .units import Fp32Add, Fp32Max, Fp32Mul
 
-__all__ = ["Node", "Pipeline", "delay"]
+__all__ = ["Node", "Pipeline", "delay", "ram_delay"]
 
 
 def delay(m, value, cycles, *, name, shape=None, reset_less=False):
@@ -29,6 +31,41 @@ def delay(m, value, cycles, *, name, shape=None, reset_less=False):
         stages.append(r)
         value = r
     return stages
+
+
+def ram_delay(m, items, *, name):
+    """Each ``(value, cycles)`` of ``items`` delayed ``cycles`` (at least 3) in block RAM: the
+    values of one delay share a memory (``ram_style`` "block", no initial contents) written
+    every cycle at a free-running pointer and read ``cycles`` - 2 writes behind it, the RAM's
+    read and its output register making the other two cycles. A delay line of a LUT a bit (an
+    SRL) becomes a slice of a RAM36's 72-bit port, whatever its depth. Returns the delayed
+    values, in the order of ``items`` (unsigned, the values' widths)."""
+    if not items:
+        return []
+    longest = max(n for _, n in items)
+    if min(n for _, n in items) < 3:
+        raise ValueError("ram_delay needs delays of at least 3 cycles")
+    depth = 1 << (longest - 2).bit_length()         # more than cycles - 2 entries in flight
+    wp = Signal(range(depth), name=f"{name}_wp", reset_less=True)
+    m.d.sync += wp.eq(wp + 1)
+    outs = [None] * len(items)
+    for n in sorted({n for _, n in items}):
+        ks = [k for k, (_, c) in enumerate(items) if c == n]
+        data = Cat(*[items[k][0] for k in ks])
+        m.submodules[f"{name}{n}"] = mem = Memory(shape=len(data), depth=depth, init=[],
+                                                  attrs={"ram_style": "block"})
+        wr, rd = mem.write_port(), mem.read_port(transparent_for=())
+        ra = Signal(range(depth), name=f"{name}{n}_ra", reset_less=True)
+        q = Signal(len(data), name=f"{name}{n}_q", reset_less=True)
+        m.d.sync += [ra.eq(wp + 1 - (n - 2)),           # wp - (n - 2) in the read's cycle
+                     q.eq(rd.data)]                     # the output register
+        m.d.comb += [wr.addr.eq(wp), wr.data.eq(data), wr.en.eq(1), rd.addr.eq(ra)]
+        at = 0
+        for k in ks:
+            w = len(items[k][0])
+            outs[k] = q[at:at + w]
+            at += w
+    return outs
 
 
 class Node:

@@ -230,15 +230,28 @@ def fig_per_mac():
              f"{r['fp16_mul_fp32']['DSP']} | multiplier {r['fp16_mul_fp32']['LUT']}, tree "
              f"{r[f'adder_tree_{W}']['LUT'] / W:.0f} |"]
     from .config import load_config
-    built = load_config(ROOT / "configs" / "u280x4.yaml").core.reuse
+    core = load_config(ROOT / "configs" / "u280x4.yaml").core
     for R in (1, 2, 4):
         # per MAC: a lane's own; the weight row's alignment shared by R tokens; the activations'
         # (one per token) shared by the L lanes
         tot = own + aw["LUT"] / W / R + ax["LUT"] / W / L
-        which = " (u280x4's)" if R == built else ""
+        which = " (u280x4's)" if R == core.reuse and core.weight_dtype == "fp16" else ""
         lines.append(f"| v2 block floating point, R = {R}{which} | {tot:.0f} | {lane['DSP'] // W} | "
                      f"lane {own:.0f}, weight alignment {aw['LUT'] / W / R:.0f}, activation "
                      f"alignment {ax['LUT'] / W / L:.1f} |")
+    if core.weight_dtype == "int16":
+        # the card's whole array (its own logic too: the int16 rows' choice, the cache rows'
+        # phases), from the card's synthesis
+        mpu = next(x for x in _bench("synth-card-u280x4")["modules"] if x["name"] == "mpu")
+        mac = next(c for c in mpu["children"] if c["name"] == "mac")
+        dot = next(c for c in mac["children"] if c["name"] == "dot")["total"]
+        macs = L * W * core.reuse
+        lines.append(f"| v2 int16 weights, R = {core.reuse}, {L // core.cache_phases} cache-row "
+                     f"alignments (u280x4's, the card's whole array) | "
+                     f"{(dot['LUT'] + dot['LUTMEM']) / macs:.0f} | {dot['DSP'] / macs:.0f} | "
+                     f"lane {own:.0f}, cache-row alignment "
+                     f"{aw['LUT'] * L / core.cache_phases / macs:.1f}, activation alignment "
+                     f"{ax['LUT'] / W / L:.1f}, the rest the array's own logic and delay lines |")
     return "\n".join(lines)
 
 
@@ -263,7 +276,6 @@ FIGURES = {"core": fig_core, "run": fig_run, "collectives": fig_collectives, "pe
            "calibration": fig_calibration,
            "synth-u280x4": lambda: synth_full("u280x4"), "synth-tiny": lambda: synth_full("tiny"),
            "synth-u280x4-int8": lambda: synth_full("u280x4-int8"),
-           "synth-u280x4-int16": lambda: synth_full("u280x4-int16"),
            "perf-full": perf_full, "perf-what-if": perf_what_if}
 _BLOCK = re.compile(r"(<!-- begin generated: ([\w-]+) -->\n)(.*?)(<!-- end generated: \2 -->)", re.S)
 

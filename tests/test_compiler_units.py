@@ -408,11 +408,14 @@ def _ops(words):
 
 
 def test_split_at_cuts_at_a_multiple_of_reuse(xl4):
-    """A step is cut in two halves of at least 2 tokens, the first a multiple of core.reuse (2),
+    """A step is cut in two halves of at least 2 tokens, the first a multiple of core.reuse (4),
     only on several cards and unless asked not to."""
     from host.compiler.emit import split_at
     cfg, cms = xl4
-    assert [split_at(cms[0], T) for T in range(1, 9)] == [None, None, None, 2, None, 4, 4, 4]
+    assert cfg.core.reuse == 4
+    assert [split_at(cms[0], T) for T in range(1, 9)] == [None, None, None, None, None, 4, 4, 4]
+    two = CompiledModel(cfg.replace(**{"core.reuse": 2}), Gpt2(SHAPES["gpt2-xl"], None), cards=4)
+    assert [split_at(two, T) for T in range(1, 9)] == [None, None, None, 2, None, 4, 4, 4]
     one = CompiledModel(cfg, Gpt2(SHAPES["gpt2-xl"], None), cards=4, split=False)
     assert all(split_at(one, T) is None for T in range(1, 9))
 

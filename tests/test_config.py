@@ -19,8 +19,10 @@ def test_shipped_configs_load():
     assert (tiny.cards, tiny.macs_per_cycle, tiny.core.reuse) == (2, 128, 2)
     lim = tiny.core.limits
     assert (lim.d_model, lim.heads, lim.layers, lim.vocab, lim.seq_len) >= (128, 8, 4, 1024, 128)
-    # DFX class: 16 x 64 MACs, 32 x 512-bit channels = 2048 B/cycle = 409.6 GB/s at 200 MHz.
-    assert (u280.macs_per_cycle, u280.weight_bytes_per_cycle) == (2048, 2048)
+    # DFX class: 16 x 64 MACs a tile meeting 4 tokens, 32 x 512-bit channels = 2048 B/cycle =
+    # 409.6 GB/s at 200 MHz.
+    assert (u280.macs_per_cycle, u280.weight_bytes_per_cycle) == (4096, 2048)
+    assert (u280.core.weight_dtype, u280.core.reuse, u280.core.cache_phases) == ("int16", 4, 4)
     assert u280.hbm_port_bytes_per_cycle == 2048
     assert u280.hbm_peak_gbytes_per_s == pytest.approx(409.6)
     # 100 Gb/s at 200 MHz is 62.5 B/cycle, under the 64 B/cycle of a 512-bit port.

@@ -169,7 +169,7 @@ def test_a_memory_yosys_cannot_map_is_counted_from_its_shape():
 
 
 def _results():
-    names = ("tiny", "u280x4", "u280x4-int8", "u280x4-int16")
+    names = ("tiny", "u280x4", "u280x4-int8")
     found = [ROOT / "docs" / "bench" / f"synth-card-{n}.json" for n in names]
     found += sorted((ROOT / "build" / "synth").glob("card-*.json"))
     return [p for p in found if p.exists()]

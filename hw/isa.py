@@ -21,7 +21,8 @@ Address spaces
 from dataclasses import dataclass
 
 __all__ = ["INSN_BITS", "ADDR_BITS", "MATVEC_ROW_BITS", "Field", "Format", "FORMATS", "OPCODES", "UNITS",
-           "UNIT_OF", "ACC_DEPTH", "MAX_TOKENS", "VOPS", "ERRORS", "encode", "decode", "Insn", "isa_markdown"]
+           "UNIT_OF", "ACC_DEPTH", "MAX_TOKENS", "QGROUP", "VOPS", "ERRORS", "encode", "decode", "Insn",
+           "isa_markdown"]
 
 INSN_BITS = 128
 OPCODE_BITS = 4
@@ -29,6 +30,7 @@ ADDR_BITS = 20          # VSP and XB word addresses and element counts of LOAD, 
 MATVEC_ROW_BITS = 16    # MATVEC's VSP and XB addresses and strides, in rows
 ACC_DEPTH = 64          # the matrix unit's accumulator slots: MATVEC group x tokens at most
 MAX_TOKENS = 8          # MATVEC.tokens at most (token vectors sharing each weight tile)
+QGROUP = 8              # MATVEC.i8's group at most: the row blocks whose scales the matrix unit holds
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ FORMATS = (
        "little-endian (an int16 build), so a row block is Q rows (r < rb*Q), and each "
        "group's tiles are preceded in the "
        "stream by one stripe row of its rows' scales, one byte E a row (the scale is "
-       "2^(E - 127)): rb*cb + ceil(rb/group) tiles, group*Q <= the stripe's bytes; "
+       "2^(E - 127)): rb*cb + ceil(rb/group) tiles, group*Q <= the stripe's bytes and "
+       f"group <= {QGROUP} (the matrix unit's scale register); "
        "each column block's dot is the exact integer sum of the weights times the "
        "block-aligned activations, scaled, rounded once to fp32 (docs/numerics.md)."),
     Format("VEC", 7, "vpu", (

@@ -20,7 +20,7 @@ from host.compiler.layout import i8_stream, stream_tiles
 from host.compiler.quant import quantize_rows
 from host.model import load_checkpoint
 from host.tokenizer import load_tokenizer
-from hw.isa import VOPS, decode, encode
+from hw.isa import QGROUP, VOPS, decode, encode
 from sim.ref import arith as A
 from sim.ref import gpt2 as ref
 from sim.ref.iss import Iss, IssError
@@ -247,7 +247,8 @@ def test_iss_i8_matvec(seed, dtype):
 
 
 @pytest.mark.parametrize("case", ["fp16 build", "tt", "group too large", "int16 tt",
-                                  "int16 group too large"])
+                                  "int16 group too large", "group over QGROUP",
+                                  "int16 group over QGROUP"])
 def test_iss_i8_bad_field(case):
     cfg = load_config(ROOT / "configs" / "tiny.yaml" if case == "fp16 build"
                       else TINY16 if case.startswith("int16") else TINY8)
@@ -258,6 +259,9 @@ def test_iss_i8_bad_field(case):
     if case.endswith("group too large"):      # a group's scales must fit in one stripe row
         f["group"] = cfg.stripe_bytes // cfg.core.tile_rows + 1
         f["rb"] = f["group"]
+    if case.endswith("over QGROUP"):          # ... and in the scale register
+        f["group"] = f["rb"] = QGROUP + 1
+        assert f["group"] * cfg.core.tile_rows <= cfg.stripe_bytes
     iss.fifo = []
     with pytest.raises(IssError) as e:
         iss.step(decode(encode("MATVEC", **f)))
@@ -378,13 +382,24 @@ def test_random_programs_rtl(seed, dtype):
     a few extremes, several groups, several tokens, a bias shared or per token, mixed with
     fp16 MATVECs, transposed or not: in tiny-int16 those take 4 phases a step): status,
     counters, HBM outputs and the VSP bit for bit against the ISS (tests/test_core.py runs
-    them on an fp16 card; the soak runs hundreds here)."""
-    from sim.progs import random_programs
+    them on an fp16 card; the soak runs hundreds here). Then a MATVEC.i8 whose group is over
+    QGROUP (its scales would fit the stripe, not the scale register) stops the card with
+    BAD_FIELD at its pc, as the ISS."""
+    from hw.isa import ERROR_CODES
+    from sim.progs import compare_runs, fresh_pair, random_programs
     from sim.system import RtlDevice
     cfg = load_config(QCONFIGS[dtype])
-    ops = random_programs(cfg, RtlDevice(cfg), seed, N_RTL_PROGRAMS)
+    rtl = RtlDevice(cfg)
+    ops = random_programs(cfg, rtl, seed, N_RTL_PROGRAMS)
     want = {"MATVEC.i8", "MATVEC.i8.btok", "MATVEC.i8.tokens", "MATVEC.btok", "WLOAD"}
     assert want <= ops, f"not covered: {want - ops}"
+    g = QGROUP + 1
+    assert g * cfg.core.tile_rows <= cfg.stripe_bytes
+    lay, _, iss = fresh_pair(cfg, rtl, seed)
+    prog = [encode("WLOAD", row=64, tiles=g + 1),
+            encode("MATVEC", rb=g, cb=1, group=g, tokens=1, i8=1), encode("HALT")]
+    c = compare_runs(cfg, lay, iss, rtl, prog)
+    assert c["status"] == (1 << 8 | ERROR_CODES["BAD_FIELD"]), f"status {c['status']:#x}"
 
 
 @pytest.mark.soak

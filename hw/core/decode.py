@@ -16,6 +16,7 @@ from hw.isa import (
     MAX_TOKENS,
     OPCODE_BITS,
     OPCODES,
+    QGROUP,
     REDUCE_VOPS,
     VOPS,
 )
@@ -183,8 +184,8 @@ class Decoder(wiring.Component):
         # rows of output: rb row blocks of lanes rows, of 2 x lanes with int8's i8
         rbl = Mux(f.i8, f.rb << (ll + 1), f.rb << ll) if self.qrows == 2 else f.rb << ll
         if self.qrows:  # integer tiles: not transposed; a group's scales fit in a stripe row
-            ql = ll + self.qrows - 1
-            bad_i8 = f.i8 & (f.tt | ((f.group << ql) > self.S))
+            ql = ll + self.qrows - 1       # and in the scale register
+            bad_i8 = f.i8 & (f.tt | ((f.group << ql) > self.S) | (f.group > QGROUP))
         else:           # the card computes with fp16 tiles only
             bad_i8 = f.i8
         # the addresses in words (the fields are rows: width XB words, vector_lanes VSP words)

@@ -18,7 +18,7 @@ from amaranth.lib.wiring import In, Out
 from hw.arith.dot import DotArray, DotArrayI16
 from hw.arith.pipe import delay
 from hw.arith.units import Fp32Add
-from hw.isa import ACC_DEPTH
+from hw.isa import ACC_DEPTH, QGROUP
 
 from .mpu_seq import SLOT_BITS, step_layout
 
@@ -105,13 +105,12 @@ class MacArray(wiring.Component):
         B = 16 * L * W // C
         tile = Signal(L * W * 16, reset_less=True)
         tposed = Cat(*[p[16 * (c * L + r):16 * (c * L + r + 1)] for r in range(L) for c in range(W)])
-        # int8: the scale row of the group being issued, 2 x lanes bytes for each of its row
-        # blocks (a group has at most min(width, ACC_DEPTH) of them: group x 2 lanes bytes
-        # fit in the stripe, and group x tokens slots in the accumulators); int16: lanes
-        # bytes a row block, at most min(2 width, ACC_DEPTH) of them
+        # the scale row of the group being issued: 2 x lanes bytes (int8) or lanes bytes
+        # (int16) for each of its row blocks, at most QGROUP of them (the ISA's limit)
         qw = self._int8 or self._int16
         eb = 16 * L if self._int8 else 8 * L     # a row block's scale bits
-        sbits = eb * min((1 if self._int8 else 2) * W, ACC_DEPTH)
+        sbits = eb * QGROUP
+        qb = (QGROUP - 1).bit_length()           # the step's row block in its group: < QGROUP
         scales = Signal(sbits, reset_less=True) if qw else None
         for k in range(C):
             tt = Signal(name=f"tt{k}")          # the pop's flag, one copy a channel
@@ -135,14 +134,14 @@ class MacArray(wiring.Component):
             m.submodules.dot = dot = DotArrayI16(lanes=L, width=W, reuse=self._reuse,
                                                  aligners=L // self._phases)
             m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o), dot.tt.eq(self.tt),
-                         dot.cache.eq(~self.i8), dot.e.eq(scales.word_select(self.block, eb))]
+                         dot.cache.eq(~self.i8), dot.e.eq(scales.word_select(self.block[:qb], eb))]
             if self._phases > 1:
                 m.d.comb += dot.phase.eq(self.phase)
             return m
         m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse, int8=self._int8)
         m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
         if self._int8:
-            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(scales.word_select(self.block, eb))]
+            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(scales.word_select(self.block[:qb], eb))]
         return m
 
 

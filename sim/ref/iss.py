@@ -12,7 +12,7 @@ import numpy as np
 from host.device import Device, DeviceError
 from host.stripes import deinterleave, locate
 from hw import regs
-from hw.isa import ACC_DEPTH, ERROR_CODES, MAX_TOKENS, VOP_BY_CODE, VOPS, Insn, decode
+from hw.isa import ACC_DEPTH, ERROR_CODES, MAX_TOKENS, QGROUP, VOP_BY_CODE, VOPS, Insn, decode
 
 from . import arith as A
 
@@ -186,7 +186,7 @@ class Iss:
         rb, cb, grp, T = i.rb, i.cb, i.group, i.tokens
         if (rb == 0 or cb == 0 or grp == 0 or not 1 <= T <= MAX_TOKENS or grp * T > ACC_DEPTH
                 or (T > 1 and i.dstride < rb * L)
-                or (i8 and (qt is None or i.tt or grp * L > self.S))):
+                or (i8 and (qt is None or i.tt or grp * L > self.S or grp > QGROUP))):
             raise IssError("BAD_FIELD")
         btok = bool(i.bias_en and i.btok)         # a bias per token, at the output's stride
         bspan = (T - 1) * i.dstride + rb * L if btok else rb * L

@@ -242,9 +242,10 @@ def fig_per_mac():
     if core.weight_dtype == "int16":
         # the card's whole array (its own logic too: the int16 rows' choice, the cache rows'
         # phases), from the card's synthesis
-        mpu = next(x for x in _bench("synth-card-u280x4")["modules"] if x["name"] == "mpu")
-        mac = next(c for c in mpu["children"] if c["name"] == "mac")
-        dot = next(c for c in mac["children"] if c["name"] == "dot")["total"]
+        node = {"children": _bench("synth-card-u280x4")["modules"]}
+        for name in ("mpu", "mac", "dot"):
+            node = next(c for c in node["children"] if c["name"] == name)
+        dot = node["total"]
         macs = L * W * core.reuse
         lines.append(f"| v2 int16 weights, R = {core.reuse}, {L // core.cache_phases} cache-row "
                      f"alignments (u280x4's, the card's whole array) | "

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hw.isa import QGROUP
+
 __all__ = ["GROUP", "round_up", "tiles_in_stream_order", "i8_stream", "stream_tiles",
            "Dims", "KvLayout", "ParamLayout",
            "param_align"]
 
 GROUP = 8           # row blocks per group: >= the accumulator's reuse distance (Fp32Add + 2)
+assert GROUP <= QGROUP      # MATVEC.i8's groups are GROUP row blocks: within the scale register
 
 
 def round_up(x, m):

@@ -112,6 +112,7 @@ class MacArray(wiring.Component):
         sbits = eb * QGROUP
         qb = (QGROUP - 1).bit_length()           # the step's row block in its group: < QGROUP
         scales = Signal(sbits, reset_less=True) if qw else None
+        e = scales.word_select(self.block[:qb], eb) if qw else None    # the step's rows' scales
         for k in range(C):
             tt = Signal(name=f"tt{k}")          # the pop's flag, one copy a channel
             m.d.sync += tt.eq(self.tt)
@@ -134,14 +135,14 @@ class MacArray(wiring.Component):
             m.submodules.dot = dot = DotArrayI16(lanes=L, width=W, reuse=self._reuse,
                                                  aligners=L // self._phases)
             m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o), dot.tt.eq(self.tt),
-                         dot.cache.eq(~self.i8), dot.e.eq(scales.word_select(self.block[:qb], eb))]
+                         dot.cache.eq(~self.i8), dot.e.eq(e)]
             if self._phases > 1:
                 m.d.comb += dot.phase.eq(self.phase)
             return m
         m.submodules.dot = dot = DotArray(lanes=L, width=W, reuse=self._reuse, int8=self._int8)
         m.d.comb += [dot.w.eq(tile), dot.x.eq(self.x), self.o.eq(dot.o)]
         if self._int8:
-            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(scales.word_select(self.block[:qb], eb))]
+            m.d.comb += [dot.i8.eq(self.i8), dot.e8.eq(e)]
         return m
 
 

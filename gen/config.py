@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from hw.isa import ADDR_BITS, MATVEC_ROW_BITS, MAX_TOKENS
+from hw.isa import ADDR_BITS, MATVEC_CB_BITS, MATVEC_ROW_BITS, MAX_TOKENS
 from hw.ring import MIN_LINK_BITS, MIN_RING_LINK_BITS
 
 # The device a card is built for (an Alveo U280): what one card's matrix unit and weight FIFO
@@ -248,6 +248,17 @@ class ApplianceConfig:
                     f"core.{key}: got {words:,}; allowed with {what} = {row}: at most {most:,} "
                     f"(MATVEC's {MATVEC_ROW_BITS}-bit row addresses of {row} words), "
                     f"{words - most:,} too many")
+        # MATVEC's column blocks (hw/isa.py): the MLP's down projection (4 x d_model columns)
+        # and a V cache (seq_len columns) are the widest matrices a build's programs stream
+        lim, most = c.limits, (1 << MATVEC_CB_BITS) - 1
+        cols = max(4 * lim.d_model, lim.seq_len)
+        if -(-cols // c.width) > most:
+            least = 1 << (-(-cols // most) - 1).bit_length()
+            raise ConfigError(
+                f"core.width: got {c.width} with core.limits.d_model {lim.d_model} and seq_len "
+                f"{lim.seq_len}; allowed: at least {least} (the widest matrix, "
+                f"{cols:,} columns, in at most {most:,} of MATVEC's column blocks), or smaller "
+                f"limits")
         self._check_ring()
 
     def _check_ring(self):

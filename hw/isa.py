@@ -20,16 +20,17 @@ Address spaces
 
 from dataclasses import dataclass
 
-__all__ = ["INSN_BITS", "ADDR_BITS", "MATVEC_ROW_BITS", "Field", "Format", "FORMATS", "OPCODES", "UNITS",
-           "UNIT_OF", "ACC_DEPTH", "MAX_TOKENS", "QGROUP", "VOPS", "ERRORS", "encode", "decode", "Insn",
-           "isa_markdown"]
+__all__ = ["INSN_BITS", "ADDR_BITS", "MATVEC_ROW_BITS", "MATVEC_CB_BITS", "Field", "Format", "FORMATS",
+           "OPCODES", "UNITS", "UNIT_OF", "ACC_DEPTH", "MAX_TOKENS", "QGROUP", "VOPS", "ERRORS", "encode",
+           "decode", "Insn", "isa_markdown"]
 
 INSN_BITS = 128
 OPCODE_BITS = 4
 ADDR_BITS = 20          # VSP and XB word addresses and element counts of LOAD, STORE and VEC
 MATVEC_ROW_BITS = 16    # MATVEC's VSP and XB addresses and strides, in rows
-ACC_DEPTH = 64          # the matrix unit's accumulator slots: MATVEC group x tokens at most
-MAX_TOKENS = 8          # MATVEC.tokens at most (token vectors sharing each weight tile)
+MATVEC_CB_BITS = 10     # MATVEC's column blocks: a matrix (or a V cache) at most 1,023 x width columns wide
+ACC_DEPTH = 256         # the matrix unit's accumulator slots: MATVEC group x tokens at most
+MAX_TOKENS = 32         # MATVEC.tokens at most (token vectors sharing each weight tile)
 QGROUP = 8              # MATVEC.i8's group at most: the row blocks whose scales the matrix unit holds
 
 
@@ -97,9 +98,9 @@ FORMATS = (
         F("dst", MATVEC_ROW_BITS, "VSP row (vector_lanes words) of token 0's output"),
         F("bias", MATVEC_ROW_BITS, "VSP row of the bias (when bias_en)"),
         F("rb", 16, "row blocks (lanes rows each, >= 1)"),
-        F("cb", 12, "column blocks (width columns each, >= 1)"),
+        F("cb", MATVEC_CB_BITS, "column blocks (width columns each, >= 1)"),
         F("group", 8, "row blocks per group in the tile order (>= 1)"),
-        F("tokens", 4, f"token vectors sharing each tile, 1..{MAX_TOKENS} (prefill)"),
+        F("tokens", 6, f"token vectors sharing each tile, 1..{MAX_TOKENS} (prefill)"),
         F("xstride", MATVEC_ROW_BITS, "XB rows from one token's input to the next"),
         F("dstride", MATVEC_ROW_BITS, "VSP rows from one token's output to the next"),
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),

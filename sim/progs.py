@@ -8,7 +8,7 @@ the ISS and the RTL after the run compares every value the program produced.
 
 import numpy as np
 
-from hw.isa import ACC_DEPTH, QGROUP, encode
+from hw.isa import ACC_DEPTH, MAX_TOKENS, QGROUP, encode
 
 __all__ = ["Layout", "ProgramGen", "random_hbm", "write_image", "snapshot", "compare_runs",
            "covered", "fresh_pair", "random_programs"]
@@ -231,7 +231,7 @@ class ProgramGen:
         if i8:
             L = self.cfg.core.tile_rows
         rb, cb = int(r.integers(1, 7)), int(r.integers(1, 5))
-        T = int(r.choice([1, 1, 1, 2, 3, 8]))
+        T = int(r.choice([1, 1, 1, 2, 3, 8, 13, MAX_TOKENS]))
         group = int(r.integers(1, min(8, ACC_DEPTH // T, min(self.S // L, QGROUP) if i8 else 8) + 1))
         xstride = W * int(r.integers(cb, cb + 3)) if T > 1 else 0
         xspan = (T - 1) * xstride + cb * W

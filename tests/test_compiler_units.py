@@ -333,14 +333,16 @@ def test_placement_no_room_names_the_space():
 def test_compiled_model_uses_the_isa_limits():
     """Steps of at most MAX_TOKENS tokens; every MATVEC's group x tokens within ACC_DEPTH."""
     sh = Gpt2Shape(n_layer=1, n_head=4, d_model=64, vocab=100, n_positions=64)
-    cm = CompiledModel(TINY, Gpt2(sh, None))
+    assert CompiledModel(TINY, Gpt2(sh, None)).T < MAX_TOKENS      # (tiny's buffers bound it)
+    big = TINY.replace(**{"core.vsp_words": 65536, "core.xb_words": 32768})
+    cm = CompiledModel(big, Gpt2(sh, None))
     assert cm.T == MAX_TOKENS
     for tokens, pos in ((cm.T, 0), (1, 40)):
         mv = [i for i in map(decode, cm.step([1] * tokens, pos)) if i.op == "MATVEC"]
         assert mv and all(i.group * i.tokens <= ACC_DEPTH for i in mv)
 
 
-@pytest.mark.parametrize("kw", [{"max_tokens": 0}, {"max_tokens": 9}, {"param_areas": 3}])
+@pytest.mark.parametrize("kw", [{"max_tokens": 0}, {"max_tokens": MAX_TOKENS + 1}, {"param_areas": 3}])
 def test_out_of_range_step_options_are_refused(kw):
     """More tokens per step than MATVEC.tokens holds (or a parameter-area count other than 1
     or 2) is refused, not compiled into programs the card rejects."""

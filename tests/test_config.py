@@ -72,10 +72,17 @@ CASES = {
     "int8_reuse_1": (lambda d: d["core"].update(weight_dtype="int8", reuse=1),
                      ["core.weight_dtype: got 'int8' with core.reuse 1", "core.reuse >= 2"]),
     "not_pow2": (lambda d: d["core"].__setitem__("width", 24), ["core.width: got 24", "power of two"]),
-    # weight reuse: R token vectors a step, at most the MATVEC's tokens (the ISA's 4-bit field)
+    # weight reuse: R token vectors a step, at most the MATVEC's tokens (hw.isa.MAX_TOKENS)
     "reuse_not_pow2": (lambda d: d["core"].__setitem__("reuse", 3), ["core.reuse: got 3", "power of two"]),
-    "reuse_past_tokens": (lambda d: d["core"].__setitem__("reuse", 16),
-                          ["core.reuse: got 16", "power of two in [1, 8]"]),
+    "reuse_past_tokens": (lambda d: d["core"].__setitem__("reuse", 64),
+                          ["core.reuse: got 64", "power of two in [1, 32]"]),
+    "streams_past_tokens": (lambda d: d["core"]["limits"].__setitem__("streams", 33),
+                            ["core.limits.streams: got 33", "integer in [1, 32]"]),
+    # MATVEC's 10-bit column blocks: the MLP's 4 x d_model columns at this width
+    "columns_past_matvec": (lambda d: (d["core"].update(lanes=32, width=2, vector_lanes=32),
+                                       d["core"]["limits"].__setitem__("d_model", 1024)),
+                            ["core.width: got 2 with core.limits.d_model 1024", "at least 8",
+                             "4,096 columns", "1,023 of MATVEC's column blocks"]),
     "inconsistent": (lambda d: d["core"].__setitem__("lanes", 8),
                      ["core.lanes x core.width: got 8 x 16", "256 bytes/cycle", "128 bytes/cycle"]),
     "not_a_mapping": (lambda d: d.__setitem__("hbm", [1, 2]), ["hbm: got a list"]),

@@ -4,7 +4,7 @@ random programs again on a card whose HBM model stalls at random (the same resul
 import numpy as np
 import pytest
 
-from hw.isa import ERROR_CODES, encode
+from hw.isa import ACC_DEPTH, ERROR_CODES, MAX_TOKENS, encode
 from sim.progs import ProgramGen, compare_runs, fresh_pair, random_programs, snapshot
 
 N_PROGRAMS = 200
@@ -107,12 +107,14 @@ def error_cases(cfg):
         "zero_length": ([ok, encode("LOAD", vsp=0, n=0, row=0), encode("HALT")], "BAD_FIELD", 1),
         "tokens_zero": ([encode("WLOAD", row=64, tiles=1),
                          encode("MATVEC", rb=1, cb=1, group=1, tokens=0), encode("HALT")], "BAD_FIELD", 1),
-        "tokens_nine": ([encode("MATVEC", rb=1, cb=1, group=1, tokens=9), encode("HALT")], "BAD_FIELD", 0),
+        "tokens_past_max": ([encode("MATVEC", rb=1, cb=1, group=1, tokens=MAX_TOKENS + 1, dstride=64 // P),
+                             encode("HALT")], "BAD_FIELD", 0),
         # int8 tiles on a card whose matrix unit computes fp16 only
         "i8_on_fp16": ([encode("WLOAD", row=64, tiles=2),
                         encode("MATVEC", rb=1, cb=1, group=1, tokens=1, i8=1), encode("HALT")],
                        "BAD_FIELD", 1),
-        "accumulators": ([encode("MATVEC", rb=1, cb=1, group=16, tokens=8, dstride=64 // P),
+        "accumulators": ([encode("MATVEC", rb=1, cb=1, group=ACC_DEPTH // MAX_TOKENS + 1, tokens=MAX_TOKENS,
+                                 dstride=64 // P),
                           encode("HALT")], "BAD_FIELD", 0),
         "store_span": ([ok, encode("STORE", vsp=0, n=4, row=512, off=cfg.stripe_bytes - 2, lepg=1),
                         encode("HALT")], "BAD_FIELD", 1),

@@ -320,15 +320,28 @@ def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, par
     """This card's Placement: the first of ``candidates`` that fits the largest share's dims
     ``largest``, made for this card's dims ``mine`` (with the all-gather where the largest
     share has it, so that every card's programs have the same COLLs). Raises UserError where
-    no candidate fits, naming the space the last one ran out of. With ``streams`` > 1 the
-    candidate is the one chosen without (a stream's steps stay those of a lone stream), and
-    the batch's buffers must fit beside it."""
+    no candidate fits, naming the space the last one ran out of.
+
+    The candidate does not depend on ``streams``: it is the first that also holds the buffers
+    of a batch of the build's core.limits.streams (where one does), so that a stream's steps
+    are the same whether it is decoded alone or in any batch (a prompt's logits depend on the
+    size of its prefill steps, in their last bits). With ``streams`` > 1 the batch's buffers
+    must then fit beside it."""
+    most = cfg.core.limits.streams
+    first = chosen = None
     for cand in candidates(max_tokens=max_tokens, param_areas=param_areas):
         plan = place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits)
-        if isinstance(plan, Placement):
+        if not isinstance(plan, Placement):
+            continue
+        first = first or (cand, plan)
+        if most == 1 or (most <= cand.T and isinstance(
+                place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits, streams=most,
+                      gather=plan.v_g is not None, ln=plan.v_ln is not None), Placement)):
+            chosen = (cand, plan)
             break
-    else:
+    if first is None:
         raise UserError(plan.message)
+    cand, plan = chosen or first      # (no room for a whole batch: steps as large as fit alone)
     if streams > cand.T:
         raise UserError(f"model: {streams} streams decoded together need steps of {streams} tokens; "
                         f"this model's steps hold {cand.T} on this build (its VSP and XB); allowed: "

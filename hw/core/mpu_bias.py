@@ -7,7 +7,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from hw.isa import ACC_DEPTH
+from hw.isa import ACC_DEPTH, MAX_TOKENS
 
 from .cmds import MatvecCmd
 from .mpu_seq import SLOT_BITS, group_rows
@@ -93,7 +93,7 @@ class BiasBanks(wiring.Component):
         q_rbase = Signal(len(self.r.req.payload))
         q_tbase = Signal(len(self.r.req.payload))
         q_sub = Signal(range(max(2 * lpr if self._int8 else lpr, 2)))
-        q_t = Signal(4)
+        q_t = Signal(range(MAX_TOKENS))
         m.d.comb += [self.r.req.valid.eq(ld_active & (ld_req < ld_rows)),
                      self.r.req.payload.eq(q_tbase + q_sub)]
         with m.If(self.r.req.valid & self.r.req.ready):
@@ -110,7 +110,7 @@ class BiasBanks(wiring.Component):
         g_srow = Signal(SLOT_BITS + 1)   # bank row of the row block's first token group
         g_row = Signal(SLOT_BITS + 1)
         g_sub = Signal(range(max(2 * lpr if self._int8 else lpr, 2)))
-        g_t = Signal(4)
+        g_t = Signal(range(MAX_TOKENS))
         ntg = Mux(btok, (mv.tokens + (R - 1)) >> rshift, 1)      # bank rows a row block
         place = Const(0, 1) if R == 1 else g_t[0:rshift]
         last_place = place == R - 1

@@ -12,11 +12,13 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from hw.isa import ACC_DEPTH, MAX_TOKENS
+
 from .cmds import MatvecCmd
 
 __all__ = ["SLOT_BITS", "step_layout", "group_rows", "SlotWindow", "MpuSequencer"]
 
-SLOT_BITS = 6           # an accumulator slot (hw.isa.ACC_DEPTH of them)
+SLOT_BITS = (ACC_DEPTH - 1).bit_length()     # an accumulator slot (hw.isa.ACC_DEPTH of them)
 
 
 def step_layout(row_bits, reuse=1, int8=False, phases=1, int16=False):
@@ -185,10 +187,10 @@ class MpuSequencer(wiring.Component):
         lpr = self._lanes // self._vlanes           # VSP rows per output row block
         g0 = Signal(16)          # first row block of the current group
         gs = Signal(9)           # row blocks in the current group
-        c = Signal(12)
+        c = Signal(MatvecCmd["cb"].width)
         ri = Signal(8)           # row block within the group
-        t = Signal(5)            # first token of the step's group
-        ntg = Signal(5)          # token groups of the MATVEC: ceil(tokens / tokens a step)
+        t = Signal(range(MAX_TOKENS))          # first token of the step's group
+        ntg = Signal(range(MAX_TOKENS + 1))    # token groups of the MATVEC: ceil(tokens / tokens a step)
         issued_all = Signal()
         # int8 (MATVEC.i8): R / 2 tokens a step, each a pair of the R products and two row
         # blocks of output; a scale row popped before each group's tiles (int16: the scale

@@ -100,7 +100,7 @@ FORMATS = (
         F("rb", 16, "row blocks (lanes rows each, >= 1)"),
         F("cb", MATVEC_CB_BITS, "column blocks (width columns each, >= 1)"),
         F("group", 8, "row blocks per group in the tile order (>= 1)"),
-        F("tokens", 6, f"token vectors sharing each tile, 1..{MAX_TOKENS} (prefill)"),
+        F("tokens", MAX_TOKENS.bit_length(), f"token vectors sharing each tile, 1..{MAX_TOKENS} (prefill)"),
         F("xstride", MATVEC_ROW_BITS, "XB rows from one token's input to the next"),
         F("dstride", MATVEC_ROW_BITS, "VSP rows from one token's output to the next"),
         F("bias_en", 1, "start each sum from the bias instead of the first partial sum"),

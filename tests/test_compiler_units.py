@@ -379,7 +379,7 @@ def test_a_program_that_does_not_fit_after_the_model_is_refused():
     assert end <= small.hbm.channel_mbytes << 20
     with pytest.raises(UserError, match=r"a step's program of \d+ instructions \(\d+ bytes\) does not "
                                         r"fit in the \d+ bytes of HBM channel 0"):
-        CompiledModel(small, Gpt2(Gpt2Shape(7, 4, 128, 1024, 160), None))
+        CompiledModel(small, Gpt2(Gpt2Shape(7, 4, 128, 1024, 176), None))
 
 
 def test_k_v_matvecs_beyond_the_weight_fifo_are_refused_at_compile():

@@ -327,6 +327,11 @@ def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, par
     are the same whether it is decoded alone or in any batch (a prompt's logits depend on the
     size of its prefill steps, in their last bits). With ``streams`` > 1 the batch's buffers
     must then fit beside it."""
+    def with_batch(cand, plan, n):
+        """The largest share's plan for ``cand`` with a batch of ``n`` streams' buffers."""
+        return place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits, streams=n,
+                     gather=plan.v_g is not None, ln=plan.v_ln is not None)
+
     most = cfg.core.limits.streams
     first = chosen = None
     for cand in candidates(max_tokens=max_tokens, param_areas=param_areas):
@@ -334,9 +339,7 @@ def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, par
         if not isinstance(plan, Placement):
             continue
         first = first or (cand, plan)
-        if most == 1 or (most <= cand.T and isinstance(
-                place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits, streams=most,
-                      gather=plan.v_g is not None, ln=plan.v_ln is not None), Placement)):
+        if most == 1 or (most <= cand.T and isinstance(with_batch(cand, plan, most), Placement)):
             chosen = (cand, plan)
             break
     if first is None:
@@ -347,8 +350,7 @@ def choose(cfg, shape, largest, mine, *, cards, all_logits, max_tokens=None, par
                         f"this model's steps hold {cand.T} on this build (its VSP and XB); allowed: "
                         f"at most {cand.T} streams")
     if streams > 1:
-        plan = place(cfg, shape, largest, cand, cards=cards, all_logits=all_logits, streams=streams,
-                     gather=plan.v_g is not None, ln=plan.v_ln is not None)
+        plan = with_batch(cand, plan, streams)
         if isinstance(plan, NoRoom):
             raise UserError(plan.message)
     own = place(cfg, shape, mine, cand, cards=cards, all_logits=all_logits, gather=plan.v_g is not None,

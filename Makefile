@@ -32,8 +32,11 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/yices-smt2 && test -x $(VENV)/bin/yowasp-sby
 	touch $@
 
+# The test files run in as many processes as there are cores (pytest-xdist), each file whole in
+# one process (its module fixtures built once); Verilator builds shared between files are made once
+# (sim.toolchain.build_lock).
 test: setup
-	$(PY) -m pytest -q -m "not soak"
+	$(PY) -m pytest -q -m "not soak" -n auto --dist loadfile --durations=25
 
 rtl: setup
 	$(GPTFPGA) emit --config $(CONFIG) -o build/$(NAME)

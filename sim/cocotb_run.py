@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from .toolchain import apply_verilator_env, verilator_root
+from .toolchain import apply_verilator_env, build_lock, verilator_root
 
 __all__ = ["ROOT", "build_cached", "run_cocotb"]
 
@@ -52,21 +52,26 @@ def build_cached(sources, top, *, build_args=(), cxx_opt="-O0"):
     build_dir = BUILD_ROOT / f"{top}-{digest}"
     stamp = build_dir / _STAMP
     built_now = False
-    if not stamp.exists():
-        from cocotb_tools.runner import VerilatorControlFile
-        srcs = [VerilatorControlFile(str(LINT_VLT))] + [str(s) for s in sources]
-        makeflags = os.environ.get("MAKEFLAGS", "")
-        os.environ["MAKEFLAGS"] = " ".join(
-            [makeflags, *(f"{v}={cxx_opt}" for v in ("OPT_FAST", "OPT_SLOW", "OPT_GLOBAL"))]).strip()
-        try:
-            runner.build(sources=srcs, hdl_toplevel=top, build_dir=build_dir,
-                         build_args=list(build_args), always=True)
-        finally:
-            os.environ["MAKEFLAGS"] = makeflags
-        stamp.write_text(json.dumps({"top": top, "sources": [str(s) for s in sources],
-                                     "build_args": list(build_args), "cxx_opt": cxx_opt}))
-        built_now = True
+    with build_lock(build_dir):
+        if not stamp.exists():
+            _build(runner, sources, top, build_dir, build_args, cxx_opt, stamp)
+            built_now = True
     return runner, build_dir, built_now
+
+
+def _build(runner, sources, top, build_dir, build_args, cxx_opt, stamp):
+    from cocotb_tools.runner import VerilatorControlFile
+    srcs = [VerilatorControlFile(str(LINT_VLT))] + [str(s) for s in sources]
+    makeflags = os.environ.get("MAKEFLAGS", "")
+    os.environ["MAKEFLAGS"] = " ".join(
+        [makeflags, *(f"{v}={cxx_opt}" for v in ("OPT_FAST", "OPT_SLOW", "OPT_GLOBAL"))]).strip()
+    try:
+        runner.build(sources=srcs, hdl_toplevel=top, build_dir=build_dir,
+                     build_args=list(build_args), always=True)
+    finally:
+        os.environ["MAKEFLAGS"] = makeflags
+    stamp.write_text(json.dumps({"top": top, "sources": [str(s) for s in sources],
+                                 "build_args": list(build_args), "cxx_opt": cxx_opt}))
 
 
 def run_cocotb(sources, top, test_module, *, extra_env=None, build_args=(), testcase=None,
@@ -82,7 +87,9 @@ def run_cocotb(sources, top, test_module, *, extra_env=None, build_args=(), test
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     env = dict(extra_env or {})
-    test_dir = Path(test_dir or build_dir / "run" / test_module.rsplit(".", 1)[-1])
+    # (a test process of its own under pytest-xdist: two never share a results.xml)
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    test_dir = Path(test_dir or build_dir / "run" / (test_module.rsplit(".", 1)[-1] + worker))
     test_dir.mkdir(parents=True, exist_ok=True)
     results = test_dir / "results.xml"
     runner.test(test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",

@@ -20,7 +20,7 @@ from hw.collective.engine import MemWrite
 from hw.ring import OPS, NodeParams, node_params
 
 from .ref import collective as ref
-from .toolchain import verilator_env, verilator_root
+from .toolchain import build_lock, verilator_env, verilator_root
 
 __all__ = ["NodeParams", "node_params", "build_fabric", "Fabric", "run_collective", "OPS",
            "LinkDead", "BUS_FACTOR", "bandwidth", "user_layout"]
@@ -114,6 +114,11 @@ def verilate_node(node, verilog, params, root, *, sources=(), extra_args=(), wha
                  *(Path(s).read_text() for s in sources), verilator.__version__):
         h.update(part.encode())
     out = Path(root) / f"fabric-{h.hexdigest()[:16]}"
+    with build_lock(out):
+        return _verilate(out, verilog, header, sources, extra_args, what, log)
+
+
+def _verilate(out, verilog, header, sources, extra_args, what, log):
     lib = out / "libfabric.so"
     if lib.exists():
         return lib

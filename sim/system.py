@@ -41,7 +41,7 @@ from host.device import Device, DeviceError, DeviceTimeout
 from hw import regs
 from hw.isa import ERROR_CODES
 
-from .toolchain import verilator_env, verilator_root
+from .toolchain import build_lock, verilator_env, verilator_root
 
 __all__ = ["build_card", "RtlDevice", "RtlAppliance", "Stalls", "Fault", "FAULT_KINDS"]
 
@@ -210,13 +210,14 @@ def build_card(cfg, *, log=None, watchdog=None):
     Elaborating a card takes tens of seconds, so a build is also indexed by a hash of its
     sources (``_source_key``): an unchanged tree reuses the library without elaborating."""
     index = BUILD_ROOT / "card-index" / _source_key(cfg, watchdog)
-    if index.exists():
-        lib = Path(index.read_text())
-        if lib.exists():
-            return lib, False, 0.0
-    lib, built, seconds = _build_card(cfg, log=log, watchdog=watchdog)
-    index.parent.mkdir(parents=True, exist_ok=True)
-    index.write_text(str(lib))
+    with build_lock(index):
+        if index.exists():
+            lib = Path(index.read_text())
+            if lib.exists():
+                return lib, False, 0.0
+        lib, built, seconds = _build_card(cfg, log=log, watchdog=watchdog)
+        index.parent.mkdir(parents=True, exist_ok=True)
+        index.write_text(str(lib))
     return lib, built, seconds
 
 
@@ -237,6 +238,11 @@ def _build_card(cfg, *, log=None, watchdog=None):
     h.update(verilator.__version__.encode())
     digest = h.hexdigest()[:16]
     out = BUILD_ROOT / f"card-{cfg.name}-{digest}"
+    with build_lock(out):        # (configs that differ outside the RTL share one build)
+        return _verilate_card(cfg, out, verilog, header, log)
+
+
+def _verilate_card(cfg, out, verilog, header, log):
     lib = out / "libcard.so"
     if lib.exists():
         return lib, False, 0.0

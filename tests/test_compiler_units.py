@@ -494,3 +494,34 @@ def test_projections_fold_bias_and_residual_on_several_cards(xl4):
         onto = [i for i in ops if i.op == "MATVEC" and i.fields["bias_en"]
                 and i.fields["bias"] == i.fields["dst"]]
         assert len(onto) >= 48 and all(i.fields["btok"] for i in onto)
+
+
+def test_gelu_runs_once_a_region_over_every_token(xl4):
+    """Several tokens: c_fc's output in two token-major regions (mlp.c_proj's two parts'
+    columns), in VSP and XB alike; one GELU a region a layer, over every token's rows, and
+    each part of mlp.c_proj reads its region with the region's width as its stride. One
+    token's GELUs are its chunks'."""
+    from hw.isa import VOPS
+    gelu = VOPS["GELU"][0]
+    cfg, _ = xl4
+    cm = CompiledModel(cfg, Gpt2(SHAPES["gpt2-xl"], None), card=1, cards=4, split=False)
+    T, fS, P, W = 8, cm.dims.fS, cfg.core.vector_lanes, cfg.core.width
+    fa = mlp_proj_split(fS, SHAPES["gpt2-xl"].d_model, cfg.core.tile_rows, W, cfg.core.weight_fifo_tiles,
+                        cfg.core.int_weights)
+    assert 0 < fa < fS
+    b = cm.plan
+    ops = _ops(cm.step([0] * T, 56))
+    gelus = [i.fields for i in ops if i.op == "VEC" and i.fields["vop"] == gelu]
+    assert [(g["src1"], g["n"], g["xdst"]) for g in gelus] == \
+        [(b.v_h, T * fa, b.x_h), (b.v_h + T * fa, T * (fS - fa), b.x_h + T * fa)] * 48
+    # mlp.c_proj's parts: the MATVECs reading x_h's regions, with their widths as strides
+    reads = {(i.fields["xb"] * W, i.fields["xstride"] * W) for i in ops if i.op == "MATVEC"
+             and b.x_h <= i.fields["xb"] * W < b.x_h + T * fS}
+    assert reads == {(b.x_h, fa), (b.x_h + T * fa, fS - fa)}
+    # c_fc's MATVECs write the regions token-major
+    writes = {(i.fields["dst"] * P, i.fields["dstride"] * P) for i in ops if i.op == "MATVEC"
+              and b.v_h <= i.fields["dst"] * P < b.v_h + T * fS}
+    assert {s for _, s in writes} == {fa, fS - fa}
+    one = [i.fields for i in _ops(cm.step([0], 64)) if i.op == "VEC" and i.fields["vop"] == gelu]
+    assert sum(g["n"] for g in one) == 48 * fS and {g["src1"] for g in one} == {b.v_h, b.v_h + fa}
+

@@ -194,9 +194,10 @@ def test_collective_unit_takes_one_coll_at_a_time_and_trace_says_what_held_issue
 
 
 def test_vec_pipelined_what_if_overlaps_independent_passes_only():
-    """CardModel(vec_pipelined=True): the next VEC starts once the last has read its operands;
-    one that reads the last one's result still waits for it."""
-    from hw.isa import encode
+    """CardModel(vec_pipelined=True): the next VEC starts while the last one's pipeline
+    drains, its results written after the last one's (one write port); one that reads the
+    last one's result, a reduction, and GELU after EXP wait for the last one's end."""
+    from hw.isa import decode, encode
     cfg = load_config(ROOT / "configs" / "tiny.yaml")
 
     def cycles(prog, **kw):
@@ -207,6 +208,20 @@ def test_vec_pipelined_what_if_overlaps_independent_passes_only():
     halt = [encode("HALT")]
     assert cycles(apart + halt, vec_pipelined=True) <= cycles(apart + halt) - 3 * perf.EXP_LAT
     assert cycles(chain + halt, vec_pipelined=True) == cycles(chain + halt)
+
+    def dones(prog):
+        r = perf.simulate(cfg, [prog + halt], vec_pipelined=True, trace=True)["cards"][0]
+        return [done for _pc, _op, _issue, done in r["trace"][:len(prog)]]
+
+    exp = encode("VEC", vop="EXP", dst=0, src1=1024, n=64)
+    for op, kw in (("MUL", dict(src2=8192)), ("REDSUM", {}), ("GELU", {})):
+        after = encode("VEC", vop=op, dst=4096, src1=5120, n=64, **kw)
+        first, second = dones([exp, after])
+        rows = -(-64 // cfg.core.vector_lanes)
+        if op == "MUL":          # in order: its rows written after the EXP's last
+            assert second >= first + rows
+        else:                    # the EXP's pipeline drained first: the whole pass after it
+            assert second >= first + perf.CardModel(cfg).vec_cycles(decode(after).fields)
 
 
 def test_reuse_what_if_holds_a_tile_ceil_t_over_r_cycles():

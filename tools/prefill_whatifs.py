@@ -2,11 +2,14 @@
 "Steps of 32 tokens" quotes the table). GPT-2 1.5B on 4 u280x4 cards, 64 prompt tokens, the
 prefill's ms per input token under what-ifs none of which is built:
 
-- ``vec_pipelined``: the vector unit takes its next VEC once the last has read its operands
-  (``host.perf.CardModel``'s what-if: the pipeline's latency overlaps the next instruction);
+- ``vec_pipelined``: the vector unit takes its next VEC while the last one's pipeline drains,
+  its results written in order (``host.perf.CardModel``'s what-if: a shorter pipeline after a
+  longer one starts later; reductions and GELU next to EXP or RECIP wait for the drain);
 - elementwise latency once in 16: every elementwise VEC's pipeline latency, pass overhead and
   fp16 copy's latency counted 1/16 (a bound for a VEC that runs over a step's tokens: one
   pass's latency for 16 tokens' rows); reductions as they are;
+- a special-function unit per lane (core.special_share 1: EXP, RECIP, RSQRT and GELU at a row
+  a cycle, twice the units);
 - R = 8: eight token vectors meet each weight tile a cycle (core.reuse 8).
 
     python tools/prefill_whatifs.py
@@ -49,13 +52,17 @@ def prefill_ms(cfg, *, pipelined=False, latency_once_in=1):
 def main():
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     r8 = cfg.replace(**{"core.reuse": 8})
+    s1 = cfg.replace(**{"core.special_share": 1})
+    both = {"pipelined": True, "latency_once_in": 16}
     rows = [("as built", cfg, {}),
-            ("the vector unit takes the next VEC once the last has read its operands", cfg,
+            ("the vector unit takes the next VEC while the last drains (results in order)", cfg,
              {"pipelined": True}),
             ("elementwise passes' latency once in 16", cfg, {"latency_once_in": 16}),
-            ("both", cfg, {"pipelined": True, "latency_once_in": 16}),
+            ("both", cfg, both),
+            ("a special-function unit per lane", s1, {}),
+            ("a special-function unit per lane, and both", s1, both),
             ("R = 8", r8, {}),
-            ("R = 8 and both", r8, {"pipelined": True, "latency_once_in": 16})]
+            ("R = 8 and both", r8, both)]
     print("| what-if, GPT-2 1.5B, 4 u280x4 cards, [64:64] | tokens a step | prefill ms per input token |")
     print("|---|---|---|")
     for name, c, kw in rows:

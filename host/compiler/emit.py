@@ -29,6 +29,9 @@ __all__ = ["Emitter", "split_program", "split_at"]
 # The LayerNorm statistics of several tokens shared out over the cards (Emitter._ln_stats);
 # False (a what-if) has every card compute every token's.
 SHARE_LN = True
+# c_fc's output of several tokens in two token-major regions, one GELU pass over each
+# (Emitter.mlp); False (a what-if, and the tests' reference) token by token.
+GELU_REGIONS = True
 
 
 @dataclass
@@ -175,7 +178,8 @@ class Emitter:
         return self.b.v_masks + (t - 1) * self.dims.nS
 
     def matvec(self, m, xb, xstride, dst, dstride, bias=None, group=GROUP, kv=None, tokens=None,
-               then=None, first=None, defer_last=False, tt=0, short_tail=False, btok=0):
+               then=None, first=None, defer_last=False, tt=0, short_tail=False, btok=0,
+               regions=None):
         """MATVEC jobs for matrix ``m`` = (first tile row, rb, cb): one per chunk of whole
         groups of row blocks (``schedule.matrix_chunks``). ``kv``: the matrix is a head's K or
         V cache, one job whose tiles are the runs ``kv`` (first row, tiles), streamed once the
@@ -187,7 +191,8 @@ class Emitter:
         in-order issue then waits for chunk k while chunk k + 1 already runs, so the matrix
         unit stays busy and the vector unit works beside it instead of after it. With
         ``defer_last`` the last chunk's work is returned (a function) for the caller to
-        place."""
+        place. ``regions``: the output's rows in regions of their own, each token-major
+        (``_region``); else token t's row r is at dst + t dstride + r."""
         row, rb, cb = m
         T = self.T if tokens is None else tokens
         group = min(group, ACC_DEPTH // T)
@@ -207,8 +212,9 @@ class Emitter:
             if tiles > self.fifo:
                 raise UserError(f"model: {tiles} tiles in one MATVEC exceed the weight FIFO's "
                                 f"{self.fifo} (core.weight_fifo_tiles)")
-            f = self._matvec_rows(xb=xb, dst=dst + r0 * L, xstride=xstride if T > 1 else 0,
-                                  dstride=dstride if T > 1 else 0,
+            cdst, cstride = _region(regions, r0 * L, n * L) if regions else (dst + r0 * L, dstride)
+            f = self._matvec_rows(xb=xb, dst=cdst, xstride=xstride if T > 1 else 0,
+                                  dstride=cstride if T > 1 else 0,
                                   bias=(bias + r0 * L) if bias is not None else 0)
             f.update(rb=n, cb=cb, group=group, tokens=T, bias_en=int(bias is not None), tt=tt,
                      i8=int(i8))
@@ -258,7 +264,7 @@ class Emitter:
             self.vec("ADD", y + k, y + k, n - k, src2=bias + k, xdst=xdst)
 
     def ln_matvec(self, m, dst, dstride, bias, then, defer_last=False, toks=None, before=None,
-                  xq=None, **kw):
+                  xq=None, regions=None, **kw):
         """LayerNorm of the residual stream x followed by matrix ``m`` (its LayerNorm folded
         in: weights.fold_layer_norm): the matrix unit starts on fp16(x) at once; the mean and
         r = 1 / sqrt(var + eps) of each token run on the vector unit beside the first chunk;
@@ -284,8 +290,8 @@ class Emitter:
                     self.vec("CVT16", b.x_a + j * dS, b.v_x + t * dS, dS)
         self.xa_ready = False
         return self.matvec(m, self.xa, dS, dst, dstride, first=partial(self._ln_stats, toks, before),
-                           then=partial(self._ln_finish, toks, dst, dstride, bias, xq, then),
-                           defer_last=defer_last, tokens=len(toks), **kw)
+                           then=partial(self._ln_finish, toks, (dst, dstride, regions), bias, xq, then),
+                           defer_last=defer_last, tokens=len(toks), regions=regions, **kw)
 
     def _ln_stats(self, toks, before):
         """The LayerNorm statistics up to the sum of squares (issued before the second chunk).
@@ -324,7 +330,7 @@ class Emitter:
         self.vec("ADD", s1, s1, 1, src2=self.b.v_const + 1, bcast=1)    # eps
         self.vec("RSQRT", dst, s1, 1)
 
-    def _ln_finish(self, toks, dst, dstride, bias, xq, then, j, r, n):
+    def _ln_finish(self, toks, out, bias, xq, then, j, r, n):
         """The fix-up of a finished chunk (rows r .. r + n of the MATVEC's token j), then
         ``then``; with the first chunk, r = 1 / sqrt(var + eps) first (unless shared)."""
         t = toks[j]
@@ -334,7 +340,9 @@ class Emitter:
         if xq is not None and r + n > xq[0]:
             k = max(xq[0] - r, 0)
             x16 = (k, xq[1] + j * xq[2] + r + k - xq[0])
-        self.ln_fixup(t, dst + j * dstride + r, n, bias + r, x16=x16)
+        dst, dstride, regions = out
+        y, stride = _region(regions, r, n) if regions else (dst + r, dstride)
+        self.ln_fixup(t, y + j * stride, n, bias + r, x16=x16)
         then(j, r, n)
 
     # -- the step -------------------------------------------------------------------------------
@@ -602,17 +610,40 @@ class Emitter:
     def mlp(self, st):
         """LayerNorm, c_fc with GELU, mlp.c_proj. mlp.c_proj in two parts by columns where the
         image stores it so (schedule.mlp_proj_split): the first, over the columns of all but
-        c_fc's last chunk, runs while the vector unit takes that chunk's GELU."""
+        c_fc's last chunk, runs while the vector unit takes that chunk's GELU.
+
+        Several tokens (a step's, or a batch's): c_fc's output goes in two regions, the
+        columns of mlp.c_proj's first part and its second's, each token-major (token t's
+        rows of a region at its base + t x its width), in VSP and in XB alike: a GELU over
+        a region is then one pass over every token's rows (its pipeline's latency once, not
+        once a token), and each part of mlp.c_proj reads its region with that width as
+        its stride. (Where c_fc's rows do not fill whole column blocks, token by token.)"""
         fc, fS = st.rows.fc, self.dims.fS
         LW = self.LW
+        b, T = self.b, self.T
+        if GELU_REGIONS and T > 1 and len(st.rows.fc2) == 2 and fc.rb * LW == fS:
+            fa = st.rows.fc2[1][1]
+            regions = [(0, b.v_h, fa), (fa, b.v_h + T * fa, fS - fa)]
+            inputs = [(b.x_h, fa), (b.x_h + T * fa, fS - fa)]
+            gelu = partial(self._region_gelu, regions, inputs)
+            tail = self.ln_matvec(fc, b.v_h, fS, st.biases[2], gelu, defer_last=True, regions=regions)
+            self.projection(st.rows.fc2, b.x_h, fS, st.biases[3], first=tail, inputs=inputs)
+            return
         gelu = partial(self._fc_gelu, fc.rb * LW, chunk_blocks(fc.cb, self.fifo, GROUP, self.i8) * LW)
-        tail = self.ln_matvec(fc, self.b.v_h, fS, st.biases[2], gelu, defer_last=True)
+        tail = self.ln_matvec(fc, b.v_h, fS, st.biases[2], gelu, defer_last=True)
         fc_tail = partial(self._fc_tail, tail, fc.rb * LW)
         if len(st.rows.fc2) == 2:     # after the first part's first MATVEC: it does not read them
-            self.projection(st.rows.fc2, self.b.x_h, fS, st.biases[3], first=fc_tail)
+            self.projection(st.rows.fc2, b.x_h, fS, st.biases[3], first=fc_tail)
         else:                         # (in-order issue: a later writer would not hold it back)
             fc_tail()
-            self.projection(st.rows.fc2, self.b.x_h, fS, st.biases[3])
+            self.projection(st.rows.fc2, b.x_h, fS, st.biases[3])
+
+    def _region_gelu(self, regions, inputs, t, r, n):
+        """c_fc's chunk work in regions (``mlp``): once the last token's rows of a region's
+        last chunk are fixed up, GELU over the region, every token's rows, into XB."""
+        for (row0, v, width), (x, _) in zip(regions, inputs, strict=True):
+            if t == self.T - 1 and r + n == row0 + width:
+                self.vec("GELU", v, v, self.T * width, xdst=x)
 
     def gelu(self, t, r, n):
         """GELU and the fp16 copy for the next MATVEC."""
@@ -647,7 +678,7 @@ class Emitter:
         self.vec("ADD", b.v_x + t * dS + r, b.v_x + t * dS + r, n, src2=y + t * dS + r,
                  xdst=b.x_a + t * dS + r if to_xa else None)
 
-    def projection(self, parts, xb, xstride, bias, first=None):
+    def projection(self, parts, xb, xstride, bias, first=None, inputs=None):
         """y = m x + bias into v_y, then x += y. On one card the bias rides in the MATVEC and
         the residual follows each finished chunk; on several, every card holds a partial sum
         in v_y, and the bias and the residual ride in them: card 0's MATVEC starts from x
@@ -657,7 +688,8 @@ class Emitter:
         LayerNorm converts to fp16.
         ``parts``: (matrix, first input column) parts by columns, the first into v_y, a
         second into v_yb and added up (one card), or from v_y's sums on (several);
-        ``first()`` is emitted after the first MATVEC."""
+        ``first()`` is emitted after the first MATVEC. ``inputs``: each part's (XB base,
+        stride) instead of (xb + its first column, xstride)."""
         b, T, dS = self.b, self.T, self.dims.dS
         assert len(parts) <= 2
         bufs = [b.v_y, b.v_yb]
@@ -670,7 +702,8 @@ class Emitter:
             # On several cards the second part's sums start from the first's (its bias, each
             # token's own, in place) instead of going to v_yb and an ADD over every token.
             onto = k == 1 and not one
-            self.matvec(mk, xb + c0, xstride, bufs[0] if onto else bufs[k], dS,
+            x, xs = inputs[k] if inputs else (xb + c0, xstride)
+            self.matvec(mk, x, xs, bufs[0] if onto else bufs[k], dS,
                         bias=first_bias if k == 0 else (b.v_y if onto else None),
                         then=partial(self.residual, y=bufs[k], to_xa=x16 and last) if one else None,
                         first=first if k == 0 else None, short_tail=one and last,
@@ -765,6 +798,15 @@ class Emitter:
     def _fix_store_logits(self, out, hb, j, r, rows):
         self.ln_fixup(out.toks[j], out.buf + j * out.stride + r, rows, hb + r)
         self._store_logits(out, j, r, rows)
+
+
+def _region(regions, r, n):
+    """(VSP word of token 0's row r, the stride between tokens) where rows r .. r + n lie:
+    ``regions`` = [(first row, base, width)], by rows, token t's rows of a region at base +
+    t width (the rows must not cross into the next region)."""
+    row0, base, width = next(g for g in reversed(regions) if g[0] <= r)
+    assert r + n <= row0 + width, (r, n, row0, width)
+    return base + r - row0, width
 
 
 def _shifted(plan, dims, k, cards, beat, P):

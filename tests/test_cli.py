@@ -534,7 +534,9 @@ def test_ctrl_c_signal_is_130_and_one_line():
         p.kill()
     err = err.decode()
     assert p.returncode == 130, err
-    assert err.strip().splitlines() == ["gptfpga: interrupted"], err
+    # (a loaded machine's slow prefill may have shown its progress line first)
+    *before, last = err.strip().splitlines()
+    assert last == "gptfpga: interrupted" and all(x.startswith("run on ") for x in before), err
 
 
 # -- progress -------------------------------------------------------------------------------------

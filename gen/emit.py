@@ -64,8 +64,5 @@ def emit(cfg, outdir, *, tops=None, progress=None):
 
 
 def _write_if_changed(path, text):
-    from host.files import atomic_write
-    path = Path(path)
-    if path.is_file() and path.read_text() == text:
-        return
-    atomic_write(path, text)
+    from host.files import write_if_changed
+    write_if_changed(path, text)

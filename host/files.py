@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import UserError
 
-__all__ = ["atomic_write", "atomic_output", "check_out_dir", "check_out_file"]
+__all__ = ["atomic_write", "write_if_changed", "atomic_output", "check_out_dir", "check_out_file"]
 
 
 def _name(flag, path):
@@ -59,6 +59,15 @@ def atomic_write(path, data, *, flag=None):
     with atomic_output(path, mode, flag=flag) as f:
         f.write(data)
     return Path(path)
+
+
+def write_if_changed(path, text):
+    """``atomic_write`` unless ``path`` holds ``text`` already: an unchanged file keeps its
+    time stamp (and what was built from it stays valid)."""
+    path = Path(path)
+    if path.is_file() and path.read_text() == text:
+        return path
+    return atomic_write(path, text)
 
 
 def check_out_dir(path, flag, names=()):

@@ -30,7 +30,7 @@ def params():
 def port_sources():
     """(Verilog files, top, mutant number or None) of the port the tests run on."""
     from gen.verilog import to_verilog
-    from host.files import atomic_write
+    from host.files import write_if_changed
     from hw.collective.link import LinkPort
     p = params()
     port = LinkPort(data_bits=p.data_bits, frame_beats=p.frame_beats, window=p.rx_frames,
@@ -38,8 +38,7 @@ def port_sources():
     text = to_verilog(port, "link_port")
     v = BUILD / "link_port.v"
     v.parent.mkdir(parents=True, exist_ok=True)
-    if not v.exists() or v.read_text() != text:
-        atomic_write(v, text)
+    write_if_changed(v, text)
     return [v], "link_port", None
 
 

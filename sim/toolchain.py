@@ -54,7 +54,7 @@ def apply_verilator_env():
 def build_lock(path):
     """Held while this process builds ``path`` (a cached build's folder or file).
 
-    `make test` runs its test files in two processes (pytest-xdist): a process that wants a
+    `make test` runs its test files in one process per core (pytest-xdist): a process that wants a
     build another one is making waits here, then finds it made and reuses it, instead of two
     Verilator runs writing one folder. The lock is a file beside ``path`` (``.lock`` added);
     the operating system releases it if its holder dies."""

@@ -15,7 +15,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-from host.files import atomic_write
+from host.files import write_if_changed
 from hw.arith import SPECIALS, UNITS, AdderTree
 from hw.arith.dot import DotArray, DotArrayI16, Fp16Dot, I8Dot
 from hw.arith.units import Fp32Max
@@ -75,8 +75,7 @@ def run_unit(name, seed, n_random):
     path = BUILD / f"{top}.v"
     text = to_verilog(UnitArray(factory, latency, lanes, ins, out), top)
     BUILD.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != text:
-        atomic_write(path, text)
+    write_if_changed(path, text)
     run_cocotb([path], top, "sim.tb.tb_arith", extra_env={
         "GPTFPGA_UNIT": name, "GPTFPGA_LANES": str(lanes), "GPTFPGA_LATENCY": str(latency),
         "GPTFPGA_OUT_BITS": str(out), "GPTFPGA_N": str(n_random), "GPTFPGA_SEED": str(seed)})
@@ -109,8 +108,7 @@ def run_dot_i16(name, seed, steps):
     path = BUILD / f"{top}.v"
     text = to_verilog(arr, top)
     BUILD.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != text:
-        atomic_write(path, text)
+    write_if_changed(path, text)
     run_cocotb([path], top, "sim.tb.tb_dot_i16", extra_env={
         "GPTFPGA_PARAMS": json.dumps({**p, "latency": arr.LATENCY}),
         "GPTFPGA_N": str(steps), "GPTFPGA_SEED": str(seed)})

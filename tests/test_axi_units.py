@@ -7,7 +7,7 @@ import json
 import pytest
 
 from gen.tops import AxiMux, hbm_beats_params
-from host.files import atomic_write
+from host.files import write_if_changed
 from hw.dma.beats import page_beats
 from sim.cocotb_run import ROOT, run_cocotb
 
@@ -32,8 +32,7 @@ def _beats_verilog(cfg):
     text = to_verilog(HbmBeats(**p), "hbm_beats")      # a second: no RTLIL cache entry
     path = ROOT / "build" / "test-emit" / cfg.name / "units" / "hbm_beats.v"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text() != text:      # unchanged: the build is reused
-        atomic_write(path, text)
+    write_if_changed(path, text)      # unchanged: the build is reused
     return path
 
 
@@ -74,8 +73,7 @@ def test_axi_mux_soak(cfg, seed, managers, tmp_path):
     v = ROOT / "build" / "test-emit" / cfg.name / "units" / f"{top}.v"
     v.parent.mkdir(parents=True, exist_ok=True)
     text = to_verilog(AxiMux(addr_bits=64, data_bits=cfg.hbm.data_bits, managers=managers), top)
-    if not v.exists() or v.read_text() != text:
-        atomic_write(v, text)
+    write_if_changed(v, text)
     for s in range(seed, seed + 4):
         run_cocotb([v], top, "sim.tb.tb_axi_mux", test_dir=tmp_path / str(s),
                    extra_env={"GPTFPGA_PARAMS": json.dumps(_mux_params(cfg, managers)),

@@ -153,9 +153,10 @@ def test_rtl_ring_matches_iss(demo):
 def test_rtl_int8_matches_iss(demo, cards):
     """The demo model with int8 weights (configs/tiny-int8.yaml, quantized by the compiler)
     on 1 and 2 Verilated cards: the same tokens and bit-identical logits as the ISS, the same
-    HBM traffic (tests/test_int8.py has the rest of int8). One card runs on the ring's build
-    (one Verilated library a config; medium's tests build a card without ring links)."""
-    _rtl_ring_vs_iss(demo, cards, 6, cfg=load_config(ROOT / "configs" / "tiny-int8.yaml"))
+    HBM traffic (tests/test_int8.py has the rest of int8). One card is a build of cards: 1 (no
+    ring links, no collective unit: make test's one Verilated card of that kind)."""
+    _rtl_ring_vs_iss(demo, cards, 6,
+                     cfg=load_config(ROOT / "configs" / "tiny-int8.yaml").replace(cards=cards))
 
 
 @pytest.mark.rtl
@@ -164,7 +165,8 @@ def test_rtl_int16_matches_iss(demo, cards):
     """The demo model with int16 weights (configs/tiny-int16.yaml: the weights quantized by the
     compiler, the K and V caches' fp16 tiles through one row alignment in 4 phases) on 1 and 2
     Verilated cards: the same tokens and bit-identical logits as the ISS (tests/test_int8.py
-    has the rest of the integer weights). One card runs on the ring's build, as int8's."""
+    has the rest of the integer weights). One card runs on the ring's build (one Verilated
+    library for tiny-int16; int8's one card is the build without ring links)."""
     _rtl_ring_vs_iss(demo, cards, 6, cfg=load_config(ROOT / "configs" / "tiny-int16.yaml"))
 
 

@@ -90,19 +90,30 @@ def _rtlil(component, name, ports, cache_key):
     key = hashlib.sha256(f"{_sources_digest()}|{name}|{cache_key}".encode()).hexdigest()[:24]
     path = RTLIL_CACHE / f"{name}-{key}.il"
     if path.exists():
-        os.utime(path)
-        _count_as_elaborated(component)
-        return path.read_text()
-    text = drop_zero_meminit(rtlil.convert(component, name=name, ports=ports, emit_src=False))
+        return _cached(component, path)
     RTLIL_CACHE.mkdir(parents=True, exist_ok=True)
-    # Written whole, then renamed: a concurrent reader sees the old state or the new file.
-    with tempfile.NamedTemporaryFile("w", dir=RTLIL_CACHE, suffix=".tmp", delete=False) as f:
-        f.write(text)
-    os.replace(f.name, path)
+    # A process (make test runs one per core) that wants a netlist another one is elaborating
+    # waits for it instead of elaborating it a second time.
+    from filelock import FileLock
+    with FileLock(f"{path}.lock"):
+        if path.exists():
+            return _cached(component, path)
+        text = drop_zero_meminit(rtlil.convert(component, name=name, ports=ports, emit_src=False))
+        # Written whole, then renamed: a concurrent reader sees the old state or the new file.
+        with tempfile.NamedTemporaryFile("w", dir=RTLIL_CACHE, suffix=".tmp", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)
     entries = sorted(RTLIL_CACHE.glob("*.il"), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in entries[RTLIL_CACHE_ENTRIES:]:
         old.unlink(missing_ok=True)
+        Path(f"{old}.lock").unlink(missing_ok=True)
     return text
+
+
+def _cached(component, path):
+    os.utime(path)
+    _count_as_elaborated(component)
+    return path.read_text()
 
 
 # Amaranth gives every memory an initial value, all zeros where the design gave none

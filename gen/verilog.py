@@ -94,8 +94,8 @@ def _rtlil(component, name, ports, cache_key):
     RTLIL_CACHE.mkdir(parents=True, exist_ok=True)
     # A process (make test runs one per core) that wants a netlist another one is elaborating
     # waits for it instead of elaborating it a second time.
-    from filelock import FileLock
-    with FileLock(f"{path}.lock"):
+    from sim.toolchain import build_lock
+    with build_lock(path):
         if path.exists():
             return _cached(component, path)
         text = drop_zero_meminit(rtlil.convert(component, name=name, ports=ports, emit_src=False))

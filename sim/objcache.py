@@ -31,14 +31,15 @@ CACHE = Path(os.environ.get("GPTFPGA_OBJCACHE")
              or Path(__file__).resolve().parent.parent / "sim_build" / "objcache")
 
 
-def _key(cmd, out, include):
+def _key(cmd, include):
     h = hashlib.sha256()
     cc = shutil.which(cmd[0]) or cmd[0]
     st = os.stat(cc)
     h.update(f"{os.path.realpath(cc)}|{st.st_size}|{st.st_mtime_ns}\n".encode())
     for f in sorted(include.rglob("*")):
         if f.is_file():
-            h.update(f"{f.relative_to(include)}|{f.stat().st_size}|{f.stat().st_mtime_ns}\n".encode())
+            fs = f.stat()
+            h.update(f"{f.relative_to(include)}|{fs.st_size}|{fs.st_mtime_ns}\n".encode())
     args, skip = [], False
     for a in cmd[1:]:
         if skip:
@@ -64,7 +65,7 @@ def main(cmd):
     if len(srcs) != 1 or not Path(srcs[0]).resolve().is_relative_to(include):
         os.execvp(cmd[0], cmd)
     dep = out.with_suffix(".d")
-    entry = CACHE / _key(cmd, out, include)
+    entry = CACHE / _key(cmd, include)
     if (entry / "obj.o").exists():
         shutil.copyfile(entry / "obj.o", out)
         if (entry / "obj.d").exists():

@@ -21,7 +21,8 @@ instruction, with the structure of the RTL (docs/architecture.md):
 - the vector unit: each pass = rows of vector_lanes elements, one per cycle, plus the unit's
   latency and the pass's fixed overhead; reductions are the ISA's row-halving passes and lane
   folds;
-- the store engine: one element per cycle, then the write responses;
+- the store engine: one element per cycle, or a VSP row where the pattern allows (whole rows
+  to a group, inside a channel beat), then the write responses;
 - COLL: one at a time in the collective unit; every card waits for the slowest, then the ring
   all-reduce's (or all-gather's) cost from the link's latency and rate, the per-hop overhead
   measured on the collective engine, and the framing.
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hw.isa import BINARY_VOPS, REDUCE_VOPS, UNIT_OF, VOP_BY_CODE, VOPS, decode
+from hw.isa import BINARY_VOPS, REDUCE_VOPS, UNIT_OF, VOP_BY_CODE, VOPS, decode, store_row_mode
 from hw.ring import DIV_BITS, beats
 
 __all__ = ["Overheads", "CardModel", "simulate", "StepCosts", "predict", "coll_cycles", "DFX",
@@ -108,8 +109,13 @@ class CardModel:
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
     def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None,
-                 runahead=False, vec_pipelined=False):
+                 runahead=False, vec_pipelined=False, decoupled=None):
         self.cfg, self.o = cfg, overheads
+        # a what-if: issue does not wait for an instruction's hazards; it takes a scoreboard
+        # entry (``decoupled[1]`` of them) and a place in its unit's queue (``decoupled[0]``
+        # deep), and the unit starts it, in the unit's order, once the older instructions it
+        # conflicts with are done
+        self.decoupled = decoupled
         # a what-if (docs/performance.md): the vector unit takes the next VEC while the last's
         # pipeline drains, as one write port allows: the results are written in order, so the
         # next VEC's first row comes out after the last one's last (its x16 copy included: a
@@ -177,6 +183,13 @@ class CardModel:
             rows *= self.cfg.core.special_share   # lanes take turns on a special unit
         return rows + lat + o.vec_pass + extra + (CVT_LAT if f["x16"] else 0)
 
+    def _store_walk(self, f):
+        """Cycles of a STORE's walk: a VSP row a cycle where its pattern allows
+        (hw.isa.store_row_mode), else an element a cycle."""
+        if store_row_mode(f["f32"], f["lepg"], f["off"], f["gstride"], self.P, self.beat):
+            return -(-f["n"] // self.P)
+        return f["n"]
+
     def _store_beats(self, f):
         """Write beats a STORE sends to its busiest channel (each group's bytes in whole
         beats, from the group's first byte)."""
@@ -222,6 +235,7 @@ class CardModel:
         prev_issue = 0
         t_end = 0
         last_vec = None                         # (done, operation, reduction) of the last VEC
+        starts = {}                             # (decoupled) each unit's starts, in order
         for i, ins in enumerate(insns):
             # -- fetch ----------------------------------------------------------------------
             b = i // FETCH_CHUNK
@@ -247,17 +261,35 @@ class CardModel:
                     break
                 continue
             t0 = t
-            t, why = _after_hazards(t, inflight, reads, writes), None
-            if t > t0:
-                why = ("hazard", _blocker(t, inflight))
-            live = sorted(d for d, *_ in inflight if d >= t)
-            if len(live) >= SCOREBOARD:
-                t1 = t
-                t = max(t, live[len(live) - SCOREBOARD] + 1)
-                t = _after_hazards(t, inflight, reads, writes)
-                if t > t1:
-                    why = ("scoreboard", _blocker(t, inflight))
             unit = UNIT_OF[op]
+            if self.decoupled:
+                qd, sb = self.decoupled
+                live = sorted(d for d, *_ in inflight if d >= t)
+                if len(live) >= sb:
+                    t = max(t, live[len(live) - sb] + 1)
+                mine = starts.setdefault(unit, [])
+                if unit in ("vpu", "mpu", "coll") and len(mine) >= qd:
+                    t = max(t, mine[-qd] + 1)
+                pending = [d for d in (dma_done if unit == "dma_rd" else store_done) if d >= t]
+                if unit == "dma_rd" and len(pending) >= DMA_RD_QUEUE:
+                    t = max(t, pending[len(pending) - DMA_RD_QUEUE] + 1)
+                elif unit == "dma_wr" and len(pending) > STORE_QUEUE:
+                    t = max(t, pending[len(pending) - STORE_QUEUE - 1] + 1)
+                issue = t
+                inflight = [e for e in inflight if e[0] >= issue]
+                t = max(_after_hazards(t, inflight, reads, writes), mine[-1] if mine else 0)
+                why = ("hazard", _blocker(t, inflight)) if t > t0 else None
+            else:
+                t, why = _after_hazards(t, inflight, reads, writes), None
+                if t > t0:
+                    why = ("hazard", _blocker(t, inflight))
+                live = sorted(d for d, *_ in inflight if d >= t)
+                if len(live) >= SCOREBOARD:
+                    t1 = t
+                    t = max(t, live[len(live) - SCOREBOARD] + 1)
+                    t = _after_hazards(t, inflight, reads, writes)
+                    if t > t1:
+                        why = ("scoreboard", _blocker(t, inflight))
             t1 = t
             if unit == "dma_rd":
                 pending = [d for d in dma_done if d >= t]
@@ -299,7 +331,8 @@ class CardModel:
                 # one element a cycle; single-beat writes, at most max_outstanding per channel
                 # awaiting their response
                 start = max(t + 1 + o.store_queue, store_free)
-                done = start + o.store_fixed + max(f["n"], self._store_beats(f) * self.wr_gap) + self.lat
+                walk = max(self._store_walk(f), self._store_beats(f) * self.wr_gap)
+                done = start + o.store_fixed + walk + self.lat
                 store_free = done + 1
                 store_done.append(done)
             elif op in ("LOAD", "WLOAD"):
@@ -387,8 +420,12 @@ class CardModel:
                 mpu_busy_until = max(mpu_busy_until, done)
             else:
                 raise ValueError(f"perf model: instruction {op} at {i}")
-            prev_issue = t
-            inflight = [e for e in inflight if e[0] >= t] + [(done, reads, writes, i)]
+            if self.decoupled:
+                starts[unit].append(t)
+            else:
+                issue = t                       # in order: the issue is the unit's start
+            prev_issue = issue
+            inflight = [e for e in inflight if e[0] >= issue] + [(done, reads, writes, i)]
             if self.trace is not None:
                 self.trace.append((i, op, t, int(done)))
                 self.why.append((t0, why))

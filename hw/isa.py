@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 __all__ = ["INSN_BITS", "ADDR_BITS", "MATVEC_ROW_BITS", "MATVEC_CB_BITS", "Field", "Format", "FORMATS",
            "OPCODES", "UNITS", "UNIT_OF", "ACC_DEPTH", "MAX_TOKENS", "QGROUP", "VOPS", "ERRORS", "encode",
-           "decode", "Insn", "isa_markdown"]
+           "decode", "Insn", "isa_markdown", "store_row_mode"]
 
 INSN_BITS = 128
 OPCODE_BITS = 4
@@ -233,6 +233,17 @@ class Insn:
             return self.fields[name]
         except KeyError:
             raise AttributeError(name) from None
+
+
+def store_row_mode(f32, lepg, off, gstride, lanes, beat_bytes):
+    """Whether the store engine takes a STORE a VSP row a cycle, not an element a cycle (the
+    engine's timing, not the ISA's semantics: hw/core/store.py decides the same from the
+    command, the performance model times STOREs by it). Its fields as integers: every group
+    is whole VSP rows (2^lepg >= lanes; STORE's vsp is row-aligned), and a row's bytes
+    (lanes x z) fit in a channel beat and start a multiple of their size into the stripe
+    (off and gstride multiples of it)."""
+    rb = lanes * (4 if f32 else 2)
+    return rb <= beat_bytes and (1 << lepg) >= lanes and off % rb == 0 and gstride % rb == 0
 
 
 def encode(op, **fields):

@@ -103,15 +103,22 @@ def compare_runs(cfg, lay, iss, rtl, prog, prog_addr=None):
     return cr
 
 
-def covered(prog):
+def covered(prog, cfg=None):
     """What a program exercises: each opcode, VEC.<vop>, MATVEC.btok (a bias per token over
     several tokens), MATVEC.i8 (int8 tiles), MATVEC.i8.btok and MATVEC.i8.tokens (over
-    several tokens)."""
-    from hw.isa import decode
+    several tokens); with ``cfg``, STORE.rows (a STORE the store engine takes a VSP row a
+    cycle, hw.isa.store_row_mode), STORE.rows.f32 and STORE.rows.partial (its last row
+    part of a VSP row)."""
+    from hw.isa import decode, store_row_mode
     out = set()
     for w in prog:
         d = decode(w)
         out.add(d.op + (f".{d.vop}" if d.op == "VEC" else ""))
+        if d.op == "STORE" and cfg is not None:
+            P = cfg.core.vector_lanes
+            if store_row_mode(d.f32, d.lepg, d.off, d.gstride, P, cfg.hbm_beat_bytes):
+                out |= ({"STORE.rows"} | ({"STORE.rows.f32"} if d.f32 else set())
+                        | ({"STORE.rows.partial"} if d.n % P else set()))
         if d.op != "MATVEC":
             continue
         multi, btok = d.tokens > 1, d.btok and d.bias_en and d.tokens > 1
@@ -143,7 +150,7 @@ def random_programs(cfg, rtl, seed, n):
     ops = set()
     for k in range(n):
         prog = gen.program(int(rng.integers(5, 40)))
-        ops |= covered(prog)
+        ops |= covered(prog, cfg)
         try:
             c = compare_runs(cfg, lay, iss, rtl, prog)
         except AssertionError as e:
@@ -286,9 +293,12 @@ class ProgramGen:
         S = self.S
         if kind < 0.3:      # linear
             lepg, lgpr, off, gstride = (S // z).bit_length() - 1, 0, 0, 0
-        elif kind < 0.6:    # K-cache style: width-element groups, one lane of a tile
+        elif kind < 0.5:    # K-cache style: width-element groups, one lane of a tile
             lepg, lgpr = (self.W).bit_length() - 1, 0
             off, gstride = int(r.integers(0, S // (z * self.W))) * z * self.W, 0
+        elif kind < 0.65:   # V-cache style: lanes-element groups (a tile's column), a row apart
+            lepg, lgpr = (self.L).bit_length() - 1, 0
+            off, gstride = int(r.integers(0, S // (z * self.L))) * z * self.L, 0
         else:               # V^T style or random: small groups spread over the stripe
             lepg = int(r.integers(0, 3))
             epg = 1 << lepg

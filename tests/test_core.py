@@ -32,7 +32,7 @@ def test_random_programs(rtl_card, seed):
     ops = random_programs(*rtl_card, seed, N_PROGRAMS)
     from hw.isa import OPCODES, VOPS
     expected = ({o for o in OPCODES if o not in ("VEC", "COLL")} | {f"VEC.{c}" for c, _, _ in VOPS.values()}
-                | {"MATVEC.btok"})
+                | {"MATVEC.btok", "STORE.rows", "STORE.rows.f32", "STORE.rows.partial"})
     if rtl_card[0].core.weight_dtype == "int8":
         expected |= {"MATVEC.i8", "MATVEC.i8.btok", "MATVEC.i8.tokens"}
     assert expected <= ops, f"not covered: {expected - ops}"

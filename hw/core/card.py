@@ -231,7 +231,7 @@ class Card(wiring.Component):
             "cycles": live, "mpu_busy": live & mpu.busy, "vpu_busy": live & vpu.busy,
             "dma_rd_busy": live & dma_rd.busy, "dma_wr_busy": live & dma_wr.busy,
             "hbm_rd_bytes": (dma_rd.stripe, self.cfg.stripe_bytes),
-            "hbm_wr_bytes": (dma_wr.elem, Mux(dma_wr.elem_f32, 4, 2)),
+            "hbm_wr_bytes": (dma_wr.elem != 0, dma_wr.elem << Mux(dma_wr.elem_f32, 2, 1)),
             "issue_stall": live & issue.stall, "mpu_starve": live & mpu.starve,
             **self._link_counts(u.coll), "insns": issue.retired,
         })

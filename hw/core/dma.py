@@ -155,7 +155,8 @@ class DmaWrite(wiring.Component):
     """STORE: VSP -> fp16 -> strobed single-beat AXI writes on the channels.
 
     One STORE at a time: its VSP rows are read ahead (``hw.stream.ReadAhead``), its elements
-    walked and converted (``StoreWalk``), merged into beats (``BeatPacker``) that wait in a
+    walked and converted (``StoreWalk``: an element a cycle, or a row a cycle where the pattern
+    allows), merged into beats (``BeatPacker``) that wait in a
     FIFO of 8, and written (``BeatWriter``); the STORE is done when every response is in.
 
     Parameters
@@ -182,8 +183,9 @@ class DmaWrite(wiring.Component):
         A run starts: ``err`` falls.
     beat : ``Out(1)``
         Pulse per beat written.
-    elem, elem_f32 : ``Out(1)``
-        An element enters the converter; the STORE's elements are fp32 (4 bytes, else 2).
+    elem : ``Out(range(vector_lanes + 1))``; elem_f32 : ``Out(1)``
+        Elements entering the converters this cycle; the STORE's elements are fp32 (4 bytes,
+        else 2).
     """
 
     def __init__(self, *, channels, data_bits, vector_lanes, vsp_rows, max_outstanding):
@@ -199,7 +201,7 @@ class DmaWrite(wiring.Component):
             "busy": Out(1),
             "err": Out(1), "err_pc": Out(PC_BITS), "clear": In(1),
             "beat": Out(1),
-            "elem": Out(1),
+            "elem": Out(range(vector_lanes + 1)),
             "elem_f32": Out(1),
         })
 
@@ -208,8 +210,8 @@ class DmaWrite(wiring.Component):
         P = self._lanes
         pshift = (P - 1).bit_length()
         m.submodules.rows = rows = ReadAhead(width=32 * P)
-        m.submodules.walk = walk = StoreWalk(lanes=P)
-        m.submodules.pack = pack = BeatPacker(beat_bytes=self._data_bits // 8)
+        m.submodules.walk = walk = StoreWalk(lanes=P, beat_bytes=self._data_bits // 8)
+        m.submodules.pack = pack = BeatPacker(beat_bytes=self._data_bits // 8, lanes=P)
         m.submodules.beats = beats = SyncFIFOBuffered(width=Beat(self._data_bits // 8).size,
                                                       depth=8)
         m.submodules.writer = writer = BeatWriter(

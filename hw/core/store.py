@@ -21,8 +21,15 @@ ROW_BITS = StoreCmd["row"].width                  # stripe row
 BYTE_BITS = 16                                     # byte in the stripe (off + strides)
 CH_BITS = 8                                        # channel of a beat
 
-# An element placed: its stripe row and byte, the fp32 word and its fp16 rounding.
-Elem = data.StructLayout({"last": 1, "row": ROW_BITS, "byte": BYTE_BITS, "word": 32, "half": 16})
+# What the walk places at once: one element (``rows`` 0), or with ``rows`` a VSP row's first
+# elements, contiguous from ``byte`` (row mode, ``hw.isa.store_row_mode``). Its stripe row
+# and byte, the fp32 words of the row (``data``) and their fp16 roundings (``half``), the
+# element's lane.
+# The strobe of its bytes in their channel beat.
+def Elem(lanes, beat_bytes):
+    return data.StructLayout({"last": 1, "row": ROW_BITS, "byte": BYTE_BITS, "rows": 1,
+                              "lane": range(lanes), "strb": beat_bytes,
+                              "data": 32 * lanes, "half": 16 * lanes})
 
 
 def Beat(beat_bytes):
@@ -32,110 +39,141 @@ def Beat(beat_bytes):
 
 
 class StoreWalk(wiring.Component):
-    """A STORE's elements one per cycle, each with the stripe row and byte it goes to.
+    """A STORE's elements, each with the stripe row and byte it goes to: an element a cycle,
+    or a VSP row a cycle where its pattern allows (``hw.isa.store_row_mode``: whole rows to a
+    group, each row's bytes inside one channel beat; the linear vectors, the K cache's rows
+    and the V cache's columns of the compiler's programs).
 
     Walks the STORE's pattern (docs/isa.md): element i is place ``i % epg`` of group
     ``i / epg``, groups ``gstride`` bytes apart, ``2^lgpr`` groups to a row, rows ``rstride``
-    stripe rows apart. Each element goes through one fp32 -> fp16 converter; its place rides
-    beside it.
+    stripe rows apart. Every lane of a row goes through its own fp32 -> fp16 converter; the
+    place rides beside them.
 
     Parameters
     ----------
     lanes : int
         Words per VSP row.
+    beat_bytes : int
+        Bytes of a channel beat.
 
     Members
     -------
     cmd : ``In(StoreCmd)``
         The STORE in progress (held by the store engine).
     start : ``In(stream.Signature(StoreCmd, always_ready=True))``
-        A STORE begins: element 0, at its first row and offset.
+        A STORE begins: element 0, at its first row and offset (row mode decided here).
     active : ``In(1)``
         A STORE is in progress.
     rows : ``In(stream.Signature(32 * lanes))``
         The STORE's VSP rows in order; a row is taken after its last element (the rest of a
         partial last row is dropped).
     queued : ``In(4)``
-        Beats waiting for the AXI writer: an element is launched while they and the elements
-        in the converter are fewer than 5 (the beat FIFO's room).
-    o : ``Out(stream.Signature(Elem, always_ready=True))``
-        The elements, ``Fp32ToFp16.LATENCY`` (2) cycles after their launch (their place in
-        registers beside the converter).
-    launch : ``Out(1)``
-        An element enters the converter this cycle.
+        Beats waiting for the AXI writer: an element (a row) is launched while they and the
+        launches in the converters are fewer than 5 (the beat FIFO's room; a launch makes
+        at most one beat).
+    o : ``Out(stream.Signature(Elem(lanes), always_ready=True))``
+        The elements or rows, ``Fp32ToFp16.LATENCY`` (2) cycles after their launch (their
+        place in registers beside the converters).
+    launch : ``Out(range(lanes + 1))``
+        Elements entering the converters this cycle (0, 1, or a row's with row mode).
     idle : ``Out(1)``
-        Every element of the STORE launched, none in the converter.
+        Every element of the STORE launched, none in the converters.
 
-    Timing: one element per cycle at most; ``launch`` is combinational (rows, credit), the
-    place registers move with it; ``o`` is the converter's output beside two registers of
+    Timing: one launch per cycle at most; ``launch`` is combinational (rows, credit), the
+    place registers move with it; ``o`` is the converters' output beside two registers of
     metadata.
     """
 
-    def __init__(self, *, lanes):
-        self._lanes = lanes
+    def __init__(self, *, lanes, beat_bytes):
+        self._lanes, self._beat = lanes, beat_bytes
         super().__init__({
             "cmd": In(StoreCmd), "start": In(stream.Signature(StoreCmd, always_ready=True)),
             "active": In(1),
             "rows": In(stream.Signature(32 * lanes)),
             "queued": In(4),
-            "o": Out(stream.Signature(Elem, always_ready=True)),
-            "launch": Out(1), "idle": Out(1),
+            "o": Out(stream.Signature(Elem(lanes, beat_bytes), always_ready=True)),
+            "launch": Out(range(lanes + 1)), "idle": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
         P, cmd = self._lanes, self.cmd
-        m.submodules.conv = conv = Fp32ToFp16()
+        pl = (P - 1).bit_length()                          # log2 of the lanes
+        convs = [Fp32ToFp16() for _ in range(P)]
+        for k, conv in enumerate(convs):
+            m.submodules[f"conv{k}"] = conv
+            m.d.comb += conv.a.eq(self.rows.payload[32 * k:32 * (k + 1)])
         lane = Signal(range(P + 1))
         i = Signal(17)                     # element index
         e = Signal(16)                     # place in the group
         k = Signal(16)                     # group in the row
         row = Signal(ROW_BITS)
         byte = Signal(BYTE_BITS)           # byte in the stripe
+        rows = Signal()                    # row mode (the STORE's, from its start)
         zl = Mux(cmd.f32, 2, 1)            # log2 of the element size in bytes
+        step = Mux(rows, P, 1)             # elements a launch
         epg_m1 = (Const(1, 17) << cmd.lepg) - 1
         gpr_m1 = (Const(1, 17) << cmd.lgpr) - 1
         in_conv = Signal(range(4))
-        m.d.comb += self.launch.eq(self.active & (i < cmd.n) & self.rows.valid
-                                   & ((self.queued + in_conv) < 5))
-        word = word_select(self.rows.payload, lane, 32, P)
-        m.d.comb += conv.a.eq(word)
-        with m.If(self.launch):
-            m.d.sync += i.eq(i + 1)
-            with m.If(lane == P - 1):
+        go = Signal()
+        left = cmd.n - i
+        m.d.comb += [go.eq(self.active & (i < cmd.n) & self.rows.valid & ((self.queued + in_conv) < 5)),
+                     self.launch.eq(Mux(go, Mux(rows, Mux(left < P, left, P), 1), 0))]
+        with m.If(go):
+            m.d.sync += i.eq(i + step)
+            with m.If(rows | (lane == P - 1)):
                 m.d.sync += lane.eq(0)
                 m.d.comb += self.rows.ready.eq(1)
             with m.Else():
                 m.d.sync += lane.eq(lane + 1)
-            with m.If(e == epg_m1):
+            with m.If(e == epg_m1 + 1 - step):             # the group's last element (row)
                 m.d.sync += e.eq(0)
                 with m.If(k == gpr_m1):
                     m.d.sync += [k.eq(0), row.eq(row + cmd.rstride), byte.eq(cmd.off)]
                 with m.Else():
                     m.d.sync += [k.eq(k + 1), byte.eq(byte - (e << zl) + cmd.gstride)]
             with m.Else():
-                m.d.sync += [e.eq(e + 1), byte.eq(byte + (1 << zl))]
+                m.d.sync += [e.eq(e + step), byte.eq(byte + (step << zl))]
         # The last lane of a partial final row: drop the rest of the row.
         with m.If(self.active & (i == cmd.n) & self.rows.valid & (lane != 0)):
             m.d.comb += self.rows.ready.eq(1)
             m.d.sync += lane.eq(0)
         with m.If(self.start.valid):
             p = self.start.payload
-            m.d.sync += [i.eq(0), lane.eq(0), e.eq(0), k.eq(0), row.eq(p.row), byte.eq(p.off)]
+            # row mode (``hw.isa.store_row_mode``): a row's bytes rb = P z, at most a beat;
+            # groups of whole rows; off and gstride multiples of rb
+            ok16, ok32 = 2 * P <= self._beat, 4 * P <= self._beat
+            rbl = Mux(p.f32, pl + 2, pl + 1)               # log2 of rb
+            mask = (Const(1, 13) << rbl) - 1
+            m.d.sync += [i.eq(0), lane.eq(0), e.eq(0), k.eq(0), row.eq(p.row), byte.eq(p.off),
+                         rows.eq(Mux(p.f32, ok32, ok16) & (p.lepg >= pl)
+                                 & ((p.off & mask) == 0) & ((p.gstride & mask) == 0))]
 
-        # The element's place beside the converter (latency 2).
-        meta = data.StructLayout({"v": 1, "last": 1, "row": ROW_BITS, "byte": BYTE_BITS,
-                                  "word": 32})
+        # The launch's place beside the converters (latency 2).
+        meta = data.StructLayout({"last": 1, "row": ROW_BITS, "byte": BYTE_BITS,
+                                  "rows": 1, "cnt": range(P + 1), "lane": range(P),
+                                  "data": 32 * P})
         m0 = Signal(meta)
-        m.d.comb += [m0.v.eq(self.launch), m0.last.eq(i == cmd.n - 1), m0.row.eq(row),
-                     m0.byte.eq(byte), m0.word.eq(word)]
-        stages = delay(m, m0, Fp32ToFp16.LATENCY, name="meta")
-        m2 = stages[-1]
-        m.d.sync += in_conv.eq(in_conv + self.launch - m2.v)
-        m.d.comb += [self.o.valid.eq(m2.v), self.o.payload.last.eq(m2.last),
-                     self.o.payload.row.eq(m2.row), self.o.payload.byte.eq(m2.byte),
-                     self.o.payload.word.eq(m2.word), self.o.payload.half.eq(conv.o),
-                     self.idle.eq((i == cmd.n) & (in_conv == 0) & ~Cat(*[s.v for s in stages]).any())]
+        m.d.comb += [m0.last.eq(i + step >= cmd.n), m0.row.eq(row),
+                     m0.byte.eq(byte), m0.rows.eq(rows), m0.cnt.eq(self.launch),
+                     m0.lane.eq(lane), m0.data.eq(self.rows.payload)]
+        assert Fp32ToFp16.LATENCY == 2
+        valid = delay(m, go, 2, name="meta_v")
+        m1 = delay(m, m0, 1, name="meta1_", reset_less=True)[-1]
+        m2 = delay(m, m1, 1, name="meta2_", reset_less=True)[-1]
+        # the strobe, from the first register to the second: the launch's bytes (an element's
+        # z, a row's count x z) from its byte in the beat
+        B = self._beat
+        strb = Signal(B, reset_less=True)
+        nbytes = m1.cnt << Mux(cmd.f32, 2, 1)
+        m.d.sync += strb.eq(((Const(1, B + 1) << nbytes) - 1) << m1.byte[0:(B - 1).bit_length()])
+        m.d.sync += in_conv.eq(in_conv + go - valid[-1])
+        out = self.o.payload
+        m.d.comb += [self.o.valid.eq(valid[-1]), out.last.eq(m2.last), out.row.eq(m2.row),
+                     out.byte.eq(m2.byte), out.rows.eq(m2.rows), out.strb.eq(strb),
+                     out.lane.eq(m2.lane), out.data.eq(m2.data),
+                     out.half.eq(Cat(*[c.o for c in convs])),
+                     self.idle.eq((i >= cmd.n) & (in_conv == 0) & ~Cat(*valid).any())]
         return m
 
 
@@ -146,11 +184,13 @@ class BeatPacker(wiring.Component):
     ----------
     beat_bytes : int
         Bytes of a channel beat.
+    lanes : int
+        Words per VSP row.
 
     Members
     -------
-    i : ``In(stream.Signature(Elem, always_ready=True))``
-        Placed elements (fp16 ``half``, or the fp32 ``word`` with ``f32``).
+    i : ``In(stream.Signature(Elem(lanes, beat_bytes), always_ready=True))``
+        Placed elements or row chunks (fp16 ``half``, or the fp32 ``data`` with ``f32``).
     f32 : ``In(1)``
         The STORE writes fp32 words.
     o : ``Out(stream.Signature(Beat(beat_bytes), always_ready=True))``
@@ -162,10 +202,10 @@ class BeatPacker(wiring.Component):
     the STORE's last element when it merges, else one cycle after it (registered ``flush``).
     """
 
-    def __init__(self, *, beat_bytes):
-        self._bytes = beat_bytes
+    def __init__(self, *, beat_bytes, lanes):
+        self._bytes, self._lanes = beat_bytes, lanes
         super().__init__({
-            "i": In(stream.Signature(Elem, always_ready=True)), "f32": In(1),
+            "i": In(stream.Signature(Elem(lanes, beat_bytes), always_ready=True)), "f32": In(1),
             "o": Out(stream.Signature(Beat(beat_bytes), always_ready=True)),
             "idle": Out(1),
         })
@@ -180,9 +220,15 @@ class BeatPacker(wiring.Component):
         same = cur_v & (cur.ch == ch) & (cur.row == el.row)
         new_data = Signal(8 * B)
         new_strb = Signal(B)
-        m.d.comb += [new_data.eq(Mux(self.f32, Cat(*([el.word] * (B // 4))),
-                                     Cat(*([el.half] * (B // 2))))),
-                     new_strb.eq(Mux(self.f32, Const(0xF, B), Const(3, B)) << el.byte[0:bshift])]
+        P = self._lanes
+        word = word_select(el.data, el.lane, 32, P)
+        half = word_select(el.half, el.lane, 16, P)
+        # the element (or the row chunk) repeated over the beat; the strobe picks its place
+        elem = Mux(self.f32, Cat(*([word] * (B // 4))), Cat(*([half] * (B // 2))))
+        row16 = Cat(*([el.half] * max(1, B // (2 * P))))[:8 * B]
+        row32 = Cat(*([el.data] * max(1, B // (4 * P))))[:8 * B]
+        m.d.comb += [new_data.eq(Mux(el.rows, Mux(self.f32, row32, row16), elem)),
+                     new_strb.eq(el.strb)]
         flush = Signal()
         emit = self.o.payload
         with m.If(self.i.valid):

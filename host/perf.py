@@ -109,8 +109,11 @@ class CardModel:
     (time ready, fields) and expects the time it completes; it returns the figures."""
 
     def __init__(self, cfg, *, overheads=Overheads(), trace=False, cards=None, reuse=None,
-                 runahead=False, vec_pipelined=False, decoupled=None):
+                 runahead=False, vec_pipelined=False, decoupled=None, coll_pipelined=False):
         self.cfg, self.o = cfg, overheads
+        # a what-if: the collective unit takes the next COLL once the last one's data have
+        # moved, its frames' time on the links (each hop's latency) not holding it
+        self.coll_pipelined = coll_pipelined
         # a what-if: issue does not wait for an instruction's hazards; it takes a scoreboard
         # entry (``decoupled[1]`` of them) and a place in its unit's queue (``decoupled[0]``
         # deep), and the unit starts it, in the unit's order, once the older instructions it
@@ -307,6 +310,10 @@ class CardModel:
                 done = yield t, f
                 done = max(int(done), t + 1)
                 unit_free["coll"], unit_last["coll"] = done + 1, i
+                if self.coll_pipelined:
+                    hops = (self.cards - 1) * (1 if f["cop"] == 0 else 2)
+                    unit_free["coll"] = max(t + 2, done + 1 - hops * (self.cfg.link.latency_cycles
+                                                                      + self.o.coll_hop))
             elif op == "VEC":
                 cyc = self.vec_cycles(f)
                 name = VOP_BY_CODE[f["vop"]]
@@ -556,16 +563,17 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=None,
-             runahead=False, vec_pipelined=False):
+             **what_if):
     """Run one step's programs (one per card) through the model; the COLLs synchronize the
     cards. Returns per-card figures and the step's cycles (the slowest card).
     ``coll_algorithm``: "ring" (the collective engine's) or "exchange" (a what-if). With
     ``trace``, each card's figures also hold "trace": [(pc, op, issue cycle, done cycle)].
     ``reuse``: token vectors meeting each weight tile per cycle (a what-if; default the
-    config's core.reuse). ``runahead``, ``vec_pipelined``: what-ifs (CardModel)."""
+    config's core.reuse). ``what_if``: CardModel's what-ifs (runahead, vec_pipelined,
+    decoupled, coll_pipelined)."""
     cards = len(programs)
-    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse,
-                        runahead=runahead, vec_pipelined=vec_pipelined) for _ in programs]
+    models = [CardModel(cfg, overheads=overheads, cards=cards, trace=trace, reuse=reuse, **what_if)
+              for _ in programs]
     gens = [m.run(p) for m, p in zip(models, programs, strict=True)]
     results = [None] * cards
     waiting = [None] * cards

@@ -224,6 +224,44 @@ def test_vec_pipelined_what_if_overlaps_independent_passes_only():
             assert second >= first + perf.CardModel(cfg).vec_cycles(decode(after).fields)
 
 
+def test_decoupled_what_if_lets_independent_units_pass_a_held_instruction():
+    """CardModel(decoupled=(queue, entries)): issue does not wait for an instruction's
+    hazards; a STORE behind a VEC that waits for an EXP starts at once (in order it waits
+    with the VEC), while a chain of dependent passes takes as long as in order."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+
+    def run(prog, **kw):
+        r = perf.simulate(cfg, [prog + [encode("HALT")]], trace=True, **kw)["cards"][0]
+        return r["cycles"], [issue for _pc, _op, issue, _done in r["trace"]]
+
+    exp = encode("VEC", vop="EXP", dst=0, src1=1024, n=256)
+    mul = encode("VEC", vop="MUL", dst=2048, src1=0, src2=4096, n=256)     # reads the EXP's
+    store = encode("STORE", vsp=8192, n=64, row=512, lepg=6)
+    _, in_order = run([exp, mul, store])
+    _, dec = run([exp, mul, store], decoupled=(4, 16))
+    assert dec[1] == in_order[1], "the MUL still waits for the EXP"
+    assert dec[2] < in_order[1] <= in_order[2], "the STORE does not wait behind the MUL"
+    chain = [encode("VEC", vop="EXP", dst=0, src1=0, n=64) for _ in range(4)]
+    assert run(chain, decoupled=(4, 16))[0] == run(chain)[0]
+
+
+def test_coll_pipelined_what_if_frees_the_unit_before_the_frames_arrive():
+    """CardModel(coll_pipelined=True) on two cards: a second, independent COLL starts once
+    the first one's data have moved, not a whole ring latency later."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml").replace(cards=2)
+    prog = [encode("COLL", cop=0, src=0, dst=1024, n=16),
+            encode("COLL", cop=0, src=4096, dst=5120, n=16), encode("HALT")]
+
+    def starts(**kw):
+        r = perf.simulate(cfg, [prog, prog], trace=True, **kw)["cards"][0]
+        return [issue for _pc, _op, issue, _done in r["trace"]]
+
+    serial, piped = starts(), starts(coll_pipelined=True)
+    assert serial[1] - piped[1] >= cfg.link.latency_cycles
+
+
 def test_reuse_what_if_holds_a_tile_ceil_t_over_r_cycles():
     """The weight-reuse what-if (CardModel's ``reuse``): a MATVEC of 8 tokens over 64 tiles
     whose tiles are all in the FIFO holds each tile ceil(8 / R) cycles, so the matrix unit's

@@ -1,0 +1,128 @@
+"""What bounds issue 20's two unmet floors, asked of the performance model (docs/performance.md,
+"STOREs a row a cycle" quotes the table). GPT-2 1.5B on 4 u280x4 cards, one step each of:
+a decode token at position 66, a decode batch of 8 streams at position 66 (batch 8 / batch 1
+tokens/s = 8 x the first / the second) and a prefill step of 32 tokens at position 32 (its
+cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the first is built:
+
+- STOREs an element a cycle: the store engine as it was before its row path;
+- decoupled issue: an instruction takes a scoreboard entry (32) and a place in its unit's
+  queue (8) without waiting for its hazards; each unit starts its instructions in order once
+  the older ones they conflict with are done (``CardModel(decoupled=...)``);
+- the CVT16 after each all-reduce free: the pass that gives the next MATVEC x in fp16 takes
+  one cycle (a bound for a COLL that writes x's fp16 copy into XB as it writes x);
+- the collective unit pipelined: it takes the next COLL once the last one's data have moved,
+  not after its frames' latency on the links (``CardModel(coll_pipelined=True)``);
+- link latency halved: 250 cycles a hop instead of 500 (a config, for the sensitivity);
+- LayerNorm statistics on every card: ``emit.SHARE_LN = False``;
+- MLP columns moved off the card with 7 heads: 192 of its 1,600 to the other three.
+
+    python tools/step_whatifs.py
+"""
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import host.compiler.emit as emit  # noqa: E402
+import host.compiler.partition as partition  # noqa: E402
+import host.perf as hp  # noqa: E402
+from gen.config import load_config  # noqa: E402
+from host.compiler import CompiledModel  # noqa: E402
+from host.model import SHAPES, Gpt2  # noqa: E402
+
+
+def programs(cfg):
+    model = Gpt2(SHAPES["gpt2-xl"], None)
+    cms = [CompiledModel(cfg, model, card=i, cards=4, streams=8) for i in range(4)]
+    T = cms[0].T
+    return ([cm.step([0], 66) for cm in cms],
+            [cm.step_batch([(0, 66, s) for s in range(8)]) for cm in cms],
+            [cm.step([0] * T, 32) for cm in cms], T)
+
+
+def figures(cfg, progs, **what_if):
+    one, batch, prefill, T = progs
+    c1, c8, cp = (hp.simulate(cfg, p, **what_if)["cycles"] for p in (one, batch, prefill))
+    return c1, c8, 8 * c1 / c8, cp / T
+
+
+def _patched(obj, name, value):
+    class Patch:
+        def __enter__(self):
+            self.old = getattr(obj, name)
+            setattr(obj, name, value)
+
+        def __exit__(self, *exc):
+            setattr(obj, name, self.old)
+    return Patch()
+
+
+def _cvt_free(vec_cycles):
+    def cycles(self, f):
+        if hp.VOP_BY_CODE[f["vop"]] == "CVT16" and f["n"] >= 1024:
+            return 1
+        return vec_cycles(self, f)
+    return cycles
+
+
+def _mlp_off_the_largest(of, moved):
+    def partition_of(cls, shape, *, card, cards, lanes):
+        p = of(cls, shape, card=card, cards=cards, lanes=lanes)
+        heads = [partition.share(shape.n_head, cards, c)[1] for c in range(cards)]
+        big = [c for c in range(cards) if heads[c] == max(heads)]
+        if len(big) == cards:
+            return p
+        base = shape.d_ff // cards
+        cols = [base - moved if c in big else base + moved * len(big) // (cards - len(big))
+                for c in range(cards)]
+        assert sum(cols) == shape.d_ff, cols
+        return replace(p, f0=sum(cols[:card]), mine=partition.Share(p.mine.H, cols[card], p.mine.V),
+                       largest=partition.Share(p.largest.H, max(cols), p.largest.V))
+    return classmethod(partition_of)
+
+
+def main():
+    cfg = load_config(ROOT / "configs" / "u280x4.yaml")
+    base = programs(cfg)
+    rows = [("as built", lambda: figures(cfg, base))]
+    with_walk = hp.CardModel._store_walk
+    rows += [
+        ("STOREs an element a cycle (before the row path)",
+         lambda: _with(_patched(hp.CardModel, "_store_walk", lambda self, f: f["n"]),
+                       lambda: figures(cfg, base))),
+        ("decoupled issue", lambda: figures(cfg, base, decoupled=(8, 32))),
+        ("the CVT16 after each all-reduce free",
+         lambda: _with(_patched(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles)),
+                       lambda: figures(cfg, base))),
+        ("decoupled issue and the CVT16 free",
+         lambda: _with(_patched(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles)),
+                       lambda: figures(cfg, base, decoupled=(8, 32)))),
+        ("the collective unit pipelined", lambda: figures(cfg, base, coll_pipelined=True)),
+        ("link latency halved (250 cycles)",
+         lambda: (lambda c: figures(c, programs(c)))(cfg.replace(**{"link.latency_cycles": 250}))),
+        ("LayerNorm statistics on every card",
+         lambda: _with(_patched(emit, "SHARE_LN", False), lambda: figures(cfg, programs(cfg)))),
+        ("192 MLP columns off the card with 7 heads",
+         lambda: _with(_patched(partition.Partition, "of",
+                                _mlp_off_the_largest(partition.Partition.of.__func__, 192)),
+                       lambda: figures(cfg, programs(cfg)))),
+    ]
+    assert hp.CardModel._store_walk is with_walk
+    print("| what-if, GPT-2 1.5B, 4 u280x4 cards | decode step, 1 token | batch step, 8 streams "
+          "| batch 8 / batch 1 tokens/s | prefill step of 32, cycles a token |")
+    print("|---|---|---|---|---|")
+    for name, run in rows:
+        c1, c8, ratio, per = run()
+        print(f"| {name} | {c1:,} | {c8:,} | {ratio:.2f}x | {per:,.0f} |", flush=True)
+
+
+def _with(ctx, fn):
+    with ctx:
+        return fn()
+
+
+if __name__ == "__main__":
+    main()

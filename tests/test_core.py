@@ -159,6 +159,30 @@ def test_error_stops(rtl_card, case):
 
 
 @pytest.mark.rtl
+def test_store_row_path_takes_a_row_a_cycle(rtl_card):
+    """The store engine's row path (hw.isa.store_row_mode) walks a STORE a VSP row a cycle:
+    the same n elements placed one byte off a row's alignment (an element a cycle) keep the
+    engine busy at least n cycles, on the row path at most n / lanes plus the fixed cost the
+    element path also pays; both bit-exact against the ISS."""
+    from hw.isa import store_row_mode
+    cfg, lay, rng, iss, rtl = _pair(rtl_card, 3)
+    P, n = cfg.core.vector_lanes, 512
+    busy = {}
+    for name, off in (("rows", 0), ("elements", 2)):
+        store = dict(vsp=0, n=n, row=lay.out_rows[0], off=off, lepg=5, lgpr=0, gstride=0,
+                     rstride=1)          # groups of 32 fp16 (64 bytes), a stripe row apart
+        assert store_row_mode(0, store["lepg"], off, 0, P, cfg.hbm_beat_bytes) == (name == "rows")
+        c = compare_runs(cfg, lay, iss, rtl, [encode("STORE", **store), encode("HALT")])
+        assert c["status"] == 1 << 8
+        busy[name] = c["dma_wr_busy"]
+    print(f"STORE of {n} fp16, store engine busy: {busy['rows']} cycles on the row path, "
+          f"{busy['elements']} an element a cycle")
+    fixed = busy["elements"] - n                 # the engine's cost besides the walk
+    assert fixed >= 0, busy
+    assert busy["rows"] <= n // P + fixed + 8, busy
+
+
+@pytest.mark.rtl
 def test_program_address_errors(rtl_card):
     """A misaligned program address, and a program that runs past the end of channel 0."""
     cfg, lay, rng, iss, rtl = _pair(rtl_card, 1)

@@ -481,7 +481,10 @@ class CardModel:
                         [("hbm", f["dst"], f["dst"] + -(-4 * n // S))])
             B = self.cfg.link.data_bits // 32        # the result: whole beats, N blocks of
             out = -(-n // B) * B * (self.cards if f["cop"] == 0 else 1)  # them if gathered
-            return [("vsp", f["src"], f["src"] + n)], [("vsp", f["dst"], f["dst"] + out)]
+            writes = [("vsp", f["dst"], f["dst"] + out)]
+            if f.get("x16"):                         # its fp16 copy in XB
+                writes.append(("xb", f["xdst"], f["xdst"] + out))
+            return [("vsp", f["src"], f["src"] + n)], writes
         return [], []
 
 

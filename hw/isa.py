@@ -148,6 +148,8 @@ FORMATS = (
         F("dst", 24, "the result: first VSP word, or first stripe row with hbm"),
         F("n", 24, "fp32 words of each card's input (>= 1)"),
         F("hbm", 1, "input and result are in HBM (stripe rows) instead of the VSP"),
+        F("x16", 1, "an all-reduce in the VSP also writes its result as fp16 to XB[xdst:]"),
+        F("xdst", ADDR_BITS, "with x16: first XB word written"),
     ), "A ring collective over every card of the appliance, all of which execute the same COLL "
        "(the same cop and n; where its data live, hbm, is each card's own) as their k-th "
        "COLL. Words are grouped in beats of B = "
@@ -167,7 +169,10 @@ FORMATS = (
        "below their number; otherwise it is ILLEGAL_OPCODE, as on a lone card. Peers that do "
        "not reach a matching COLL end with RING_ERROR (on the card: a frame the schedule did "
        "not expect, a dead link, or half the watchdog without a beat on the links); after a "
-       "RING_ERROR the card refuses further COLLs until it is reset."),
+       "RING_ERROR the card refuses further COLLs until it is reset. With x16 (all-reduce in "
+       "the VSP only; each card's own choice, like hbm) every result word also goes to XB as "
+       "fp16, XB[xdst + i] = fp16(out[i]) for i < nb*B, rounded as CVT16 rounds: the next "
+       "MATVEC's input without a CVT16 pass over it."),
 )
 
 FORMAT_BY_NAME = {f.name: f for f in FORMATS}

@@ -213,3 +213,30 @@ def test_gelu_regions_compute_what_token_by_token_does(demo, cards, monkeypatch)
     monkeypatch.setattr(emit, "GELU_REGIONS", False)
     alone = run()
     assert all(np.array_equal(a, b) for a, b in zip(regions, alone, strict=True))
+
+
+def test_allreduce_x16_computes_what_a_cvt16_pass_does(demo, monkeypatch):
+    """Prefill steps on 2 cards (ISS) give bit for bit the logits of an all-reduce followed by
+    a CVT16 pass (emit.ALLREDUCE_X16 off): COLL.x16's fp16 copy rounds as CVT16 rounds. The
+    programs do differ: the all-reduces carry x16 and the CVT16s after them are gone."""
+    import host.compiler.emit as emit
+    from hw.isa import decode
+    cfg, model, _ = demo
+    tokens = [5, 17, 99, 250, 3, 7, 11, 300, 42]
+
+    def run():
+        _, logits, _ = _solo(cfg, model, "iss", 2, tokens, 3)
+        return np.asarray(logits).view(np.uint32)
+
+    def colls():
+        from host.compiler import CompiledModel
+        cm = CompiledModel(cfg, model, card=0, cards=2)
+        prog = cm.step(tokens[:cm.T], 0)
+        return [decode(w) for w in prog if decode(w).op in ("COLL", "VEC")]
+
+    with_x16 = run()
+    ins = colls()
+    assert any(i.op == "COLL" and i.cop == 2 and i.x16 for i in ins)
+    monkeypatch.setattr(emit, "ALLREDUCE_X16", False)
+    assert not any(i.op == "COLL" and i.x16 for i in colls())
+    assert np.array_equal(with_x16, run())

@@ -39,23 +39,48 @@ def _program(cfg, lay, cards):
     P = cfg.core.vector_lanes
     n_in = 1024
     prog = [encode("LOAD", vsp=0, n=n_in, row=lay.data_rows[0], f32=1)]
-    cases = [  # (cop, src, dst, n)
-        (2, 0, 2048, 1),            # one word: one beat, segments of zero beats
-        (2, 0, 2048, 37),
-        (0, 0, 4096, 37),           # all-gather, out of place
-        (1, 0, 6144, 400),          # reduce-scatter, N does not divide 25 beats
-        (2, 512, 512, 300),         # all-reduce in place
-        (2, 0, 9216, 1024),         # 64 beats: one frame per segment
-        (0, 0, 0, 40),              # all-gather with src == dst: block 0 lands on the input
+    cases = [  # (cop, src, dst, n, XB word of an fp16 copy or None)
+        (2, 0, 2048, 1, None),      # one word: one beat, segments of zero beats
+        (2, 0, 2048, 37, 5120),     # with its fp16 copy (COLL.x16): 3 beats, 48 words
+        (0, 0, 4096, 37, None),     # all-gather, out of place
+        (1, 0, 6144, 400, None),    # reduce-scatter, N does not divide 25 beats
+        (2, 512, 512, 300, None),   # all-reduce in place
+        (2, 0, 9216, 1024, 4096),   # 64 beats: one frame per segment; its fp16 copy
+        (0, 0, 0, 40, None),        # all-gather with src == dst: block 0 lands on the input
     ]
-    for k, (cop, src, dst, n) in enumerate(cases):
-        prog.append(encode("COLL", cop=cop, src=src, dst=dst, n=n))
+    for k, (cop, src, dst, n, xdst) in enumerate(cases):
+        if k == 5:              # the vector unit writing XB while the COLL's copy does
+            prog.append(encode("VEC", vop="CVT16", dst=6144, src1=0, n=1024))
+        prog.append(encode("COLL", cop=cop, src=src, dst=dst, n=n,
+                           **({} if xdst is None else {"x16": 1, "xdst": xdst})))
         if k == 2:              # independent vector work overlapping a collective
             prog.append(encode("VEC", vop="EXP", dst=12288, src1=0, n=256))
         if k == 4:              # a reader of the in-place result waits for it
             prog.append(encode("VEC", vop="ADD", dst=12800, src1=512, src2=512, n=P * 75))
+    # XB back into the VSP: identity tiles (``_identity_tiles``) over the copies, a token a
+    # width of XB words (these MATVECs wait for the COLLs' XB ranges)
+    W, L = cfg.core.width, cfg.core.lanes
+    for xb, tokens, dst in ((4096, 32, 13312), (4096 + 32 * W, 32, 13824), (5120, 3, 14336),
+                            (6144, 32, 14400)):
+        prog += [encode("WLOAD", row=IDENTITY_ROW, tiles=W // L),
+                 encode("MATVEC", xb=xb // W, dst=dst // P, rb=W // L, cb=1, group=W // L,
+                        tokens=tokens, xstride=1, dstride=W // P)]
     gen = ProgramGen(cfg, np.random.default_rng(0), lay)
     return prog + gen.dump(cfg.core.vsp_words) + [encode("HALT")]
+
+
+IDENTITY_ROW = 64               # (Layout's tile rows)
+
+
+def _identity_tiles(cfg):
+    """W / L weight tiles (a stripe row each) of the W x W identity in fp16: tile r holds rows
+    rL .. rL + L - 1, row i's 1.0 at column rL + i."""
+    W, L = cfg.core.width, cfg.core.lanes
+    t = np.zeros((W // L, L, W), np.float16)
+    for r in range(W // L):
+        for i in range(L):
+            t[r, i, r * L + i] = 1.0
+    return t.view(np.uint8).reshape(-1)
 
 
 def _inputs(cfg, lay, cards, seed):
@@ -79,6 +104,7 @@ def _run_both(cfg, cards, seed, lib, *, setup=None):
     for ring in (iss, rtl):
         for i, dev in enumerate(ring.devices):
             write_stripes(dev, cfg, lay.data_rows[0], x[i].view(np.uint8))
+            write_stripes(dev, cfg, IDENTITY_ROW, _identity_tiles(cfg))
     st_iss = iss.run([prog] * cards, lay.prog_addr)
     st_rtl = rtl.run([prog] * cards, lay.prog_addr, timeout_s=600)
     return lay, prog, iss, rtl, st_iss, st_rtl
@@ -205,7 +231,17 @@ def test_coll_without_a_ring_is_illegal(tiny, card_lib):
              (dict(cop=2, src=tiny.channel_rows - 4, dst=0, n=200, hbm=1), "HBM_RANGE"),
              (dict(cop=0, src=0, dst=tiny.channel_rows - 8, n=200, hbm=1), "HBM_RANGE"),
              (dict(cop=2, src=100, dst=104, n=200, hbm=1), "OVERLAP"),
-             (dict(cop=1, src=100, dst=100, n=0, hbm=1), "BAD_FIELD")]
+             (dict(cop=1, src=100, dst=100, n=0, hbm=1), "BAD_FIELD"),
+             # COLL.x16: an all-reduce in the VSP only, its copy aligned and inside XB
+             (dict(cop=0, src=0, dst=1024, n=16, x16=1), "BAD_FIELD"),
+             (dict(cop=1, src=0, dst=1024, n=16, x16=1), "BAD_FIELD"),
+             (dict(cop=2, src=0, dst=8, n=16, hbm=1, x16=1), "BAD_FIELD"),
+             (dict(cop=2, src=0, dst=1024, n=16, x16=1, xdst=2), "ALIGN"),
+             (dict(cop=2, src=0, dst=vw - 32, n=40, x16=1, xdst=2), "ALIGN"),
+             (dict(cop=2, src=0, dst=vw - 32, n=40, x16=1, xdst=tiny.core.xb_words - 64),
+              "VSP_RANGE"),
+             (dict(cop=2, src=0, dst=1024, n=40, x16=1, xdst=tiny.core.xb_words - 32), "XB_RANGE"),
+             (dict(cop=2, src=0, dst=8, n=16, x16=1, xdst=tiny.core.xb_words), "XB_RANGE")]
     for fields, name in cases:
         dev.write_reg(regs.ARGS["card"][0], 0 | 2 << 8)
         got = dev.run([encode("COLL", **fields), encode("HALT")], lay.prog_addr)["status"]

@@ -5,11 +5,13 @@ tokens/s = 8 x the first / the second) and a prefill step of 32 tokens at positi
 cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the first is built:
 
 - STOREs an element a cycle: the store engine as it was before its row path;
+- a CVT16 after each all-reduce: the prefill all-reduce without its fp16 copy into XB
+  (``emit.ALLREDUCE_X16 = False``, as it was before COLL.x16);
 - decoupled issue: an instruction takes a scoreboard entry (32) and a place in its unit's
   queue (8) without waiting for its hazards; each unit starts its instructions in order once
   the older ones they conflict with are done (``CardModel(decoupled=...)``);
-- the CVT16 after each all-reduce free: the pass that gives the next MATVEC x in fp16 takes
-  one cycle (a bound for a COLL that writes x's fp16 copy into XB as it writes x);
+- the CVT16 passes over x free: any CVT16 of 1,024 words or more takes one cycle (before
+  COLL.x16, its bound; after it, what is left of such passes);
 - the collective unit pipelined: it takes the next COLL once the last one's data have moved,
   not after its frames' latency on the links (``CardModel(coll_pipelined=True)``);
 - link latency halved: 250 cycles a hop instead of 500 (a config, for the sensitivity);
@@ -93,11 +95,13 @@ def main():
         ("STOREs an element a cycle (before the row path)",
          lambda: _with(_patched(hp.CardModel, "_store_walk", lambda self, f: f["n"]),
                        lambda: figures(cfg, base))),
+        ("a CVT16 pass after each all-reduce (before COLL.x16)",
+         lambda: _with(_patched(emit, "ALLREDUCE_X16", False), lambda: figures(cfg, programs(cfg)))),
         ("decoupled issue", lambda: figures(cfg, base, decoupled=(8, 32))),
-        ("the CVT16 after each all-reduce free",
+        ("the CVT16 passes over x free",
          lambda: _with(_patched(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles)),
                        lambda: figures(cfg, base))),
-        ("decoupled issue and the CVT16 free",
+        ("decoupled issue and the CVT16 passes free",
          lambda: _with(_patched(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles)),
                        lambda: figures(cfg, base, decoupled=(8, 32)))),
         ("the collective unit pipelined", lambda: figures(cfg, base, coll_pipelined=True)),

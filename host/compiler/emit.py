@@ -32,6 +32,9 @@ SHARE_LN = True
 # c_fc's output of several tokens in two token-major regions, one GELU pass over each
 # (Emitter.mlp); False (a what-if, and the tests' reference) token by token.
 GELU_REGIONS = True
+# The prefill all-reduce writes x's fp16 copy into XB itself (COLL.x16, Emitter.projection);
+# False (a what-if, and the tests' reference) converts x with a CVT16 pass.
+ALLREDUCE_X16 = True
 
 
 @dataclass
@@ -708,7 +711,7 @@ class Emitter:
                         then=partial(self.residual, y=bufs[k], to_xa=x16 and last) if one else None,
                         first=first if k == 0 else None, short_tail=one and last,
                         btok=btok if k == 0 else int(onto))
-        self.xa_ready = x16 and one     # (a COLL writes x itself: ln_matvec converts it)
+        self.xa_ready = x16 and one     # (several cards: the collective below decides)
         self.after_coll = len(self.out)
         if one:
             return
@@ -724,7 +727,11 @@ class Emitter:
                          xdst=b.x_a if x16 and j == self.cards - 1 else None)
             self.xa_ready = x16
             return
-        self.e("COLL", cop=2, src=b.v_y, dst=b.v_x, n=T * dS)
+        # the all-reduce writes x and, where its beats end with x (no word past x_a), fp16(x)
+        # into x_a for the next LayerNorm's MATVEC (COLL.x16) instead of a CVT16 pass
+        x16 = x16 and ALLREDUCE_X16 and (T * dS) % self.beat == 0
+        self.e("COLL", cop=2, src=b.v_y, dst=b.v_x, n=T * dS, **({"x16": 1, "xdst": b.x_a} if x16 else {}))
+        self.xa_ready = x16
         self.after_coll = len(self.out)
 
     def lm_head(self):

@@ -198,8 +198,15 @@ class Card(wiring.Component):
                                (u.dma_rd.w, vsp.w_load), (u.dma_wr.r, vsp.r_store)):
             wiring.connect(m, port, vsp_port)
         xw = u.xb.write_port(granularity=16)
-        m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
-                     xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0))]
+        if u.coll is not None:        # COLL.x16's copy, in cycles the vector unit leaves free
+            cx = u.coll.xb
+            m.d.comb += [u.coll.xb_ready.eq(~vpu.xb.en),
+                         xw.addr.eq(Mux(vpu.xb.en, vpu.xb.row, cx.row)),
+                         xw.data.eq(Mux(vpu.xb.en, vpu.xb.data, cx.data)),
+                         xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, Mux(cx.en, cx.mask, 0)))]
+        else:
+            m.d.comb += [xw.addr.eq(vpu.xb.row), xw.data.eq(vpu.xb.data),
+                         xw.en.eq(Mux(vpu.xb.en, vpu.xb.mask, 0))]
         xrow = 16 * mpu.W
         for j in range(mpu.R):         # one read port per token of a matrix-unit step
             xr = u.xb.read_port(transparent_for=())

@@ -44,17 +44,21 @@ from amaranth.lib.wiring import In, Out
 
 from hw import stream as hw_stream
 from hw.arbiter import StreamArbiter
+from hw.arith.pipe import delay
+from hw.arith.units import Fp32ToFp16
 from hw.collective.engine import MemReadPort, MemWrite, SegEntry
 from hw.collective.link import Beat
 from hw.collective.node import CollNode, node_kwargs
 from hw.dma.beats import BeatWrite, ReadRun, page_beats
+from hw.isa import ADDR_BITS
 from hw.ring import DIV_BITS, MAX_CARDS, MIN_RING_LINK_BITS, OP_AG, node_params
 
 from .cmds import CollCmd
+from .vpu_writeback import XbWrite
 from .vsp import ReadPort, WritePort
 
 __all__ = ["CollUnit", "CollSequencer", "CollGeometry", "VspBeatReader", "VspBeatWriter",
-           "VspCopy", "HbmCopy", "Prefetcher", "HbmBeatReader", "ring_ok"]
+           "XbCopy", "VspCopy", "HbmCopy", "Prefetcher", "HbmBeatReader", "ring_ok"]
 
 AG_LIMIT = 1 << 29      # all-gather's sends read their own padded block: no word past the input
 COPY_AHEAD = 64         # HBM own-block copy: reads at most this many beats ahead of the writes
@@ -398,7 +402,8 @@ class VspBeatReader(wiring.Component):
 
 
 class VspBeatWriter(wiring.Component):
-    """Beats written to the VSP: each beat is R row writes (row 0 from the beat's low words).
+    """Beats written to the VSP: each beat is R row writes (row 0 from the beat's low words);
+    with ``x16`` each row also goes to ``XbCopy`` (an all-reduce's fp16 copy for XB).
 
     Parameters
     ----------
@@ -412,9 +417,13 @@ class VspBeatWriter(wiring.Component):
     wr : Out(vsp.WritePort)
     en : In(1)  the node runs on the VSP: beats are taken and written
     busy : Out(1)  a beat's rows are being written
+    x16 : In(1); xbase : In(ADDR_BITS)  the COLL's x16 and its first XB word (a row's P words
+        go to xbase + P x its row within the result)
+    x_room : In(1)  the copy takes a row (a row is written only with room for its copy)
+    x_push : Out(1); x_word : Out(ADDR_BITS); x_data : Out(32 * lanes)  the row to copy
 
     Timing: a beat is taken when no other is being written; its rows are asked for from the
-    next cycle, one per cycle the VSP grants.
+    next cycle, one per cycle the VSP grants (and, with ``x16``, the copy has room).
     """
 
     def __init__(self, *, data_bits, lanes, row_bits):
@@ -423,6 +432,8 @@ class VspBeatWriter(wiring.Component):
         super().__init__({
             "beats": In(stream.Signature(MemWrite(data_bits))), "base": In(24),
             "wr": Out(WritePort(row_bits, lanes)), "en": In(1), "busy": Out(1),
+            "x16": In(1), "xbase": In(ADDR_BITS), "x_room": In(1),
+            "x_push": Out(1), "x_word": Out(ADDR_BITS), "x_data": Out(32 * lanes),
         })
 
     def elaborate(self, platform):
@@ -430,21 +441,86 @@ class VspBeatWriter(wiring.Component):
         P, R = self.P, self.R
         busy, w_j = Signal(), Signal(range(R))
         w_row, w_buf = Signal(len(self.wr.req.payload.row) + 1), Signal(self.D)
+        x_word = Signal(ADDR_BITS)             # the XB word of the row being written
         m.d.comb += self.beats.ready.eq(self.en & ~busy)
         with m.If(self.beats.valid & self.beats.ready):
+            rel = self.beats.payload.addr[0:DIV_BITS + 1] << _log2(R)    # the beat's first row
             m.d.sync += [busy.eq(1), w_j.eq(0), w_buf.eq(self.beats.payload.data),
-                         w_row.eq(self.base + (self.beats.payload.addr[0:DIV_BITS + 1] << _log2(R)))]
-        m.d.comb += [self.wr.req.valid.eq(busy), self.wr.req.payload.row.eq(w_row + w_j),
-                     self.wr.req.payload.data.eq(w_buf[0:32 * P])]
+                         w_row.eq(self.base + rel), x_word.eq(self.xbase + (rel << _log2(P)))]
+        go = busy & (~self.x16 | self.x_room)
+        m.d.comb += [self.wr.req.valid.eq(go), self.wr.req.payload.row.eq(w_row + w_j),
+                     self.wr.req.payload.data.eq(w_buf[0:32 * P]),
+                     self.x_word.eq(x_word), self.x_data.eq(w_buf[0:32 * P])]
         with m.If(busy):
             m.d.comb += self.wr.req.payload.mask.eq(Const((1 << P) - 1, P))    # whole rows
-        with m.If(self.en & busy & self.wr.req.ready):
-            m.d.sync += w_buf.eq(w_buf >> (32 * P))
+        with m.If(self.en & go & self.wr.req.ready):
+            m.d.comb += self.x_push.eq(self.x16)
+            m.d.sync += [w_buf.eq(w_buf >> (32 * P)), x_word.eq(x_word + P)]
             with m.If(w_j == R - 1):
                 m.d.sync += busy.eq(0)
             with m.Else():
                 m.d.sync += w_j.eq(w_j + 1)
         m.d.comb += self.busy.eq(busy)
+        return m
+
+
+class XbCopy(wiring.Component):
+    """An all-reduce's fp16 copy into XB (COLL.x16): each row the unit writes to the VSP goes
+    through ``lanes`` fp32 -> fp16 converters into a FIFO, and from there into XB in a cycle
+    the vector unit does not write XB (``xb_ready``; the vector unit's XB writes cannot wait).
+
+    Parameters
+    ----------
+    lanes, width, xb_row_bits : int
+        Words of a VSP row (P), of an XB row (W, a multiple of P), XB's row address bits.
+
+    Members
+    -------
+    push : In(1); word : In(ADDR_BITS); data : In(32 * lanes)  a row of P fp32 words for XB
+        words [word, word + P) (word a multiple of P)
+    room : Out(1)  a row may be pushed (the FIFO holds every row in the converters)
+    xb : Out(XbWrite); xb_ready : In(1)  the XB write, taken when ``xb_ready``
+    busy : Out(1)  rows in the converters or the FIFO
+
+    Timing: the converters' 2 cycles, then the FIFO (8 rows); a row a cycle while XB is free.
+    """
+
+    DEPTH = 8
+
+    def __init__(self, *, lanes, width, xb_row_bits):
+        if width % lanes:
+            raise ValueError(f"core.width: got {width}; COLL.x16 needs a multiple of "
+                             f"core.vector_lanes = {lanes}")
+        self.P, self.W = lanes, width
+        super().__init__({
+            "push": In(1), "word": In(ADDR_BITS), "data": In(32 * lanes), "room": Out(1),
+            "xb": Out(XbWrite(xb_row_bits, width)), "xb_ready": In(1), "busy": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        P, W = self.P, self.W
+        halves = []
+        for j in range(P):
+            m.submodules[f"cvt{j}"] = u = Fp32ToFp16()
+            m.d.comb += u.a.eq(self.data[32 * j:32 * (j + 1)])
+            halves.append(u.o)
+        lat = Fp32ToFp16.LATENCY
+        v = delay(m, self.push, lat, name="x_v")
+        word = delay(m, self.word, lat, name="x_word", reset_less=True)[-1]
+        m.submodules.fifo = fifo = SyncFIFOBuffered(width=ADDR_BITS + 16 * P, depth=self.DEPTH)
+        in_conv = Signal(range(lat + 1))
+        m.d.sync += in_conv.eq(in_conv + self.push - v[-1])
+        m.d.comb += [fifo.w_en.eq(v[-1]), fifo.w_data.eq(Cat(word, *halves)),
+                     self.room.eq(fifo.level + in_conv < self.DEPTH - lat - 1)]
+        head_word, head_data = fifo.r_data[0:ADDR_BITS], fifo.r_data[ADDR_BITS:]
+        wl, pl = _log2(W), _log2(P)
+        m.d.comb += [self.xb.en.eq(fifo.r_rdy & self.xb_ready), fifo.r_en.eq(self.xb_ready),
+                     self.xb.row.eq(head_word >> wl),
+                     self.xb.mask.eq(Const((1 << P) - 1, W) << (head_word[pl:wl] << pl) if wl > pl
+                                     else Const((1 << P) - 1, W)),
+                     self.xb.data.eq(Cat(*([head_data] * (W // P)))),
+                     self.busy.eq(fifo.r_rdy | (in_conv != 0))]
         return m
 
 
@@ -762,6 +838,8 @@ class CollUnit(wiring.Component):
     card_reg : In(32)  the ``card`` register (id, cards, bidirectional)
     r_tx, r_rx, l_tx, l_rx : the link ports (stream of Beat)
     rd : Out(ReadPort); wr : Out(WritePort)  one VSP port each way
+    xb : Out(XbWrite); xb_ready : In(1)  COLL.x16's fp16 copy into XB, in cycles the vector
+        unit leaves XB's write port free (``XbCopy``)
     hrd : Out(hw.stream.ReadPort(ReadRun, D)); hwr : Out(stream(BeatWrite)); hw_idle : In(1)
         COLL with hbm: runs of beats read from HBM, beats written (hw/dma/beats.py)
     tx_beats, rx_beats : Out(2)  payload beats sent / received this cycle
@@ -800,6 +878,7 @@ class CollUnit(wiring.Component):
         self.ahead = self.pq - self.run
         self.page_beats = page_beats(C, hb, self.D)
         self.row_bits = (c.vsp_words // self.P - 1).bit_length()
+        self.W, self.xb_row_bits = c.width, max(1, (c.xb_words // c.width - 1).bit_length())
         self.timeout = timeout
         self.node = CollNode(**node_kwargs(cfg))
         beat = stream.Signature(Beat(self.D))
@@ -812,6 +891,7 @@ class CollUnit(wiring.Component):
             "tx_beats": Out(2), "rx_beats": Out(2), "retx": Out(2), "crc_error": Out(2),
             "hrd": Out(hw_stream.ReadPort(ReadRun, self.D)),
             "hwr": Out(stream.Signature(BeatWrite(self.D))), "hw_idle": In(1),
+            "xb": Out(XbWrite(self.xb_row_bits, self.W)), "xb_ready": In(1),
         })
 
     def elaborate(self, platform):
@@ -824,6 +904,7 @@ class CollUnit(wiring.Component):
         vsp = dict(lanes=P, row_bits=self.row_bits)
         m.submodules.reads = reads = VspBeatReader(data_bits=D, **vsp)
         m.submodules.writes = writes = VspBeatWriter(data_bits=D, **vsp)
+        m.submodules.xb_copy = xcopy = XbCopy(lanes=P, width=self.W, xb_row_bits=self.xb_row_bits)
         m.submodules.vsp_copy = vcopy = VspCopy(count_bits=DIV_BITS + lr + 1, **vsp)
         m.submodules.hbm_copy = hcopy = HbmCopy(data_bits=D, run=self.run, page_beats=self.page_beats)
         m.submodules.hbm_reads = hreads = HbmBeatReader(data_bits=D, run=self.run, depth=self.pq,
@@ -885,6 +966,10 @@ class CollUnit(wiring.Component):
         wiring.connect(m, node.mem_r_wr, warb.i[0])
         wiring.connect(m, node.mem_l_wr, warb.i[1])
         to_hbm = stream.Signature(BeatWrite(D)).create(path=("to_hbm",))
+        m.d.comb += [writes.x16.eq(insn.x16), writes.xbase.eq(insn.xdst), writes.x_room.eq(xcopy.room),
+                     xcopy.push.eq(writes.x_push), xcopy.word.eq(writes.x_word),
+                     xcopy.data.eq(writes.x_data), xcopy.xb_ready.eq(self.xb_ready)]
+        wiring.connect(m, xcopy.xb, wiring.flipped(self.xb))
         m.d.comb += [writes.en.eq(running & ~hbm), writes.base.eq(dst_row),
                      writes.beats.valid.eq(warb.o.valid), writes.beats.payload.eq(warb.o.payload),
                      to_hbm.valid.eq(running & hbm & warb.o.valid),
@@ -906,7 +991,7 @@ class CollUnit(wiring.Component):
         m.d.comb += [self.progress.eq(wire | grant | self.done),
                      seq.progress.eq(self.progress), seq.hw_idle.eq(self.hw_idle),
                      seq.geometry_done.eq(geo.done), seq.node_busy.eq(node.busy),
-                     seq.moving.eq(reads.busy | writes.busy),
+                     seq.moving.eq(reads.busy | writes.busy | xcopy.busy),
                      seq.failed.eq(node.link_error.any() | node.order_error),
                      seq.pf_idle.eq(hreads.idle),
                      self.done.eq(seq.done), self.err.eq(seq.err), self.err_pc.eq(insn.pc),

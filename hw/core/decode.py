@@ -258,13 +258,16 @@ class Decoder(wiring.Component):
         mis = self._misaligned
         m.d.comb += d.err.eq(_first([
             (~ring_ok(card) | (f.cop == 3), E["ILLEGAL_OPCODE"]),
-            (f.n == 0, E["BAD_FIELD"]),
-            (~f.hbm & (mis(f.src) | mis(f.dst)), E["ALIGN"]),
+            ((f.n == 0) | (f.x16 & (f.hbm | (f.cop != 2))), E["BAD_FIELD"]),
+            ((~f.hbm & (mis(f.src) | mis(f.dst))) | (f.x16 & mis(f.xdst)), E["ALIGN"]),
             (~f.hbm & ((f.src + f.n > self.vsp_words) | (f.dst + out > self.vsp_words)),
              E["VSP_RANGE"]),
             (f.hbm & ((f.src + r_in > self.rows) | (f.dst + r_out > self.rows)), E["HBM_RANGE"]),
+            (f.x16 & (f.xdst + out > self.xb_words), E["XB_RANGE"]),
             ((f.src != f.dst) & (f.src < f.dst + a_out) & (f.dst < f.src + a_n), E["OVERLAP"]),
         ]))
         space = Mux(f.hbm, Space.HBM, Space.VSP)
         m.d.comb += _range(d.rd1, space, f.src, f.src + a_n)
         m.d.comb += _range(d.wr, space, f.dst, f.dst + a_out)
+        with m.If(f.x16):           # (an all-reduce: out is its nb x B words)
+            m.d.comb += _range(d.wr2, Space.XB, f.xdst, f.xdst + out)

@@ -14,6 +14,7 @@ from hw import regs
 from hw.isa import program_bytes
 from hw.ring import OP_NAMES, beats, parts, segments
 
+from . import arith as A
 from . import collective as ref
 from .iss import IssDevice, IssError
 
@@ -84,16 +85,21 @@ class IssRing:
         rows_in, rows_out = -(-4 * n // S), -(-4 * out_words // S)
         for i, insn in enumerate(insns):
             src, dst = insn.fields["src"], insn.fields["dst"]
+            x16, xdst = insn.fields["x16"], insn.fields["xdst"]
             vsp = self.devices[i].iss.vsp
-            if insn.fields["hbm"]:
+            if x16 and (insn.fields["hbm"] or op != "allreduce"):
+                errors[i] = IssError("BAD_FIELD")
+            elif insn.fields["hbm"]:
                 if src + rows_in > iss0.rows or dst + rows_out > iss0.rows:
                     errors[i] = IssError("HBM_RANGE")
                 elif src != dst and src < dst + rows_out and dst < src + rows_in:
                     errors[i] = IssError("OVERLAP")
-            elif src % P or dst % P:
+            elif src % P or dst % P or (x16 and xdst % P):
                 errors[i] = IssError("ALIGN")
             elif src + n > len(vsp) or dst + out_words > len(vsp):
                 errors[i] = IssError("VSP_RANGE")
+            elif x16 and xdst + out_words > len(self.devices[i].iss.xb):
+                errors[i] = IssError("XB_RANGE")
             elif src != dst and src < dst + out_words and dst < src + n:
                 errors[i] = IssError("OVERLAP")
         if any(errors):
@@ -126,6 +132,9 @@ class IssRing:
                     k += sb * B
             else:
                 write(dev.iss, dst, hbm, 0, outs[i])
+                if insn.fields["x16"]:          # (an all-reduce in the VSP: checked above)
+                    xdst = insn.fields["xdst"]
+                    dev.iss.xb[xdst:xdst + len(outs[i])] = A.fp32_to_fp16(outs[i])
             dev.iss.counters["link_tx_bytes"] += self._sent_beats(op, i, nb) * B * 4
             # received: the right-hand ring's part from card i - 1, the left-hand's from i + 1
             rx = sum(self._sent_beats(op, (i - d) % N, nb, only=d) for d in (+1, -1))

@@ -173,7 +173,7 @@ def fig_resources():
     big = max(r["modules"], key=lambda m: m["total"]["LUT"])
     shape = (f" Counted from their shapes (Yosys maps them to flip-flops): "
              f"{', '.join(m['path'] for m in r['from_shape'])}." if r["from_shape"] else "")
-    lines += ["", f"`lut_fraction` {r['lut_fraction']:.3f}, `dsp_fraction` {r['dsp_fraction']:.3f}: the "
+    lines += ["", f"`lut_fraction` {r['lut_fraction']:.4f}, `dsp_fraction` {r['dsp_fraction']:.4f}: the "
               f"whole card's LUTs (logic, {_n(t['LUT'])}, and as shift registers or distributed RAM, "
               f"{_n(t['LUTMEM'])}) / {_n(r['u280']['LUT'])} and DSPs / {_n(r['u280']['DSP'])}, the "
               f"platform excluded (issue 20's floors: 0.45 and 0.55). The largest module: "

@@ -799,7 +799,7 @@ def card_table(result, depth=2):
     lines.append("| share of the U280 | | | " + " | ".join(
         f"{t[g] / u['LUT' if g == 'LUTMEM' else g]:.1%}" for g in cols) + " |")
     lines.append("")
-    lines.append(f"lut_fraction {result['lut_fraction']:.3f} (LUTs, logic and as memory, / {u['LUT']:,}; "
+    lines.append(f"lut_fraction {result['lut_fraction']:.4f} (LUTs, logic and as memory, / {u['LUT']:,}; "
                  f"logic alone {result['logic_lut_fraction']:.3f}), dsp_fraction "
                  f"{result['dsp_fraction']:.3f} (DSPs / {u['DSP']:,}); the platform excluded.")
     return "\n".join(lines) + "\n"

@@ -520,7 +520,9 @@ class XbCopy(wiring.Component):
                      self.xb.mask.eq(Const((1 << P) - 1, W) << (head_word[pl:wl] << pl) if wl > pl
                                      else Const((1 << P) - 1, W)),
                      self.xb.data.eq(Cat(*([head_data] * (W // P)))),
-                     self.busy.eq(fifo.r_rdy | (in_conv != 0))]
+                     # (level, not r_rdy: a row is in the buffered FIFO a cycle before its
+                     # output shows it, and the COLL must not be done in between)
+                     self.busy.eq((fifo.level != 0) | (in_conv != 0))]
         return m
 
 

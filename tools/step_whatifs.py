@@ -22,8 +22,10 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
 """
 
 import sys
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from unittest.mock import patch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -49,17 +51,6 @@ def figures(cfg, progs, **what_if):
     one, batch, prefill, T = progs
     c1, c8, cp = (hp.simulate(cfg, p, **what_if)["cycles"] for p in (one, batch, prefill))
     return c1, c8, 8 * c1 / c8, cp / T
-
-
-def _patched(obj, name, value):
-    class Patch:
-        def __enter__(self):
-            self.old = getattr(obj, name)
-            setattr(obj, name, value)
-
-        def __exit__(self, *exc):
-            setattr(obj, name, self.old)
-    return Patch()
 
 
 def _cvt_free(vec_cycles):
@@ -89,43 +80,35 @@ def _mlp_off_the_largest(of, moved):
 def main():
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     base = programs(cfg)
-    rows = [("as built", lambda: figures(cfg, base))]
-    with_walk = hp.CardModel._store_walk
-    rows += [
+    none = nullcontext()
+    cvt_free = patch.object(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles))
+    slow = cfg.replace(**{"link.latency_cycles": 250})
+    rows = [  # (name, what it patches, the figures)
+        ("as built", none, lambda: figures(cfg, base)),
         ("STOREs an element a cycle (before the row path)",
-         lambda: _with(_patched(hp.CardModel, "_store_walk", lambda self, f: f["n"]),
-                       lambda: figures(cfg, base))),
+         patch.object(hp.CardModel, "_store_walk", lambda self, f: f["n"]), lambda: figures(cfg, base)),
         ("a CVT16 pass after each all-reduce (before COLL.x16)",
-         lambda: _with(_patched(emit, "ALLREDUCE_X16", False), lambda: figures(cfg, programs(cfg)))),
-        ("decoupled issue", lambda: figures(cfg, base, decoupled=(8, 32))),
-        ("the CVT16 passes over x free",
-         lambda: _with(_patched(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles)),
-                       lambda: figures(cfg, base))),
-        ("decoupled issue and the CVT16 passes free",
-         lambda: _with(_patched(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles)),
-                       lambda: figures(cfg, base, decoupled=(8, 32)))),
-        ("the collective unit pipelined", lambda: figures(cfg, base, coll_pipelined=True)),
-        ("link latency halved (250 cycles)",
-         lambda: (lambda c: figures(c, programs(c)))(cfg.replace(**{"link.latency_cycles": 250}))),
-        ("LayerNorm statistics on every card",
-         lambda: _with(_patched(emit, "SHARE_LN", False), lambda: figures(cfg, programs(cfg)))),
+         patch.object(emit, "ALLREDUCE_X16", False), lambda: figures(cfg, programs(cfg))),
+        ("decoupled issue", none, lambda: figures(cfg, base, decoupled=(8, 32))),
+        ("the CVT16 passes over x free", cvt_free, lambda: figures(cfg, base)),
+        ("decoupled issue and the CVT16 passes free", cvt_free,
+         lambda: figures(cfg, base, decoupled=(8, 32))),
+        ("the collective unit pipelined", none, lambda: figures(cfg, base, coll_pipelined=True)),
+        ("link latency halved (250 cycles)", none, lambda: figures(slow, programs(slow))),
+        ("LayerNorm statistics on every card", patch.object(emit, "SHARE_LN", False),
+         lambda: figures(cfg, programs(cfg))),
         ("192 MLP columns off the card with 7 heads",
-         lambda: _with(_patched(partition.Partition, "of",
-                                _mlp_off_the_largest(partition.Partition.of.__func__, 192)),
-                       lambda: figures(cfg, programs(cfg)))),
+         patch.object(partition.Partition, "of",
+                      _mlp_off_the_largest(partition.Partition.of.__func__, 192)),
+         lambda: figures(cfg, programs(cfg))),
     ]
-    assert hp.CardModel._store_walk is with_walk
     print("| what-if, GPT-2 1.5B, 4 u280x4 cards | decode step, 1 token | batch step, 8 streams "
           "| batch 8 / batch 1 tokens/s | prefill step of 32, cycles a token |")
     print("|---|---|---|---|---|")
-    for name, run in rows:
-        c1, c8, ratio, per = run()
+    for name, patched, run in rows:
+        with patched:
+            c1, c8, ratio, per = run()
         print(f"| {name} | {c1:,} | {c8:,} | {ratio:.2f}x | {per:,.0f} |", flush=True)
-
-
-def _with(ctx, fn):
-    with ctx:
-        return fn()
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ CH_BITS = 8                                        # channel of a beat
 # What the walk places at once: one element (``rows`` 0), or with ``rows`` a VSP row's first
 # elements, contiguous from ``byte`` (row mode, ``hw.isa.store_row_mode``). Its stripe row
 # and byte, the fp32 words of the row (``data``) and their fp16 roundings (``half``), the
-# element's lane.
-# The strobe of its bytes in their channel beat.
+# element's lane, and the strobe of its bytes in their channel beat.
 def Elem(lanes, beat_bytes):
     return data.StructLayout({"last": 1, "row": ROW_BITS, "byte": BYTE_BITS, "rows": 1,
                               "lane": range(lanes), "strb": beat_bytes,
@@ -71,7 +70,7 @@ class StoreWalk(wiring.Component):
         Beats waiting for the AXI writer: an element (a row) is launched while they and the
         launches in the converters are fewer than 5 (the beat FIFO's room; a launch makes
         at most one beat).
-    o : ``Out(stream.Signature(Elem(lanes), always_ready=True))``
+    o : ``Out(stream.Signature(Elem(lanes, beat_bytes), always_ready=True))``
         The elements or rows, ``Fp32ToFp16.LATENCY`` (2) cycles after their launch (their
         place in registers beside the converters).
     launch : ``Out(range(lanes + 1))``

@@ -660,11 +660,14 @@ class StepCosts:
 
     def at(self, tokens, pos0):
         """Modelled cycles of one step of ``tokens`` tokens at positions pos0 ..."""
+        from .compiler.tune import tuned
         key = (tokens, pos0)
         if key not in self._memo:
-            progs = [cm.step([0] * tokens, pos0) for cm in self.cms]
-            self._memo[key] = simulate(self.cfg, progs, overheads=self.o, reuse=self.reuse,
-                                       coll_algorithm=self.coll_algorithm)["cycles"]
+            def cycles(progs):
+                return simulate(self.cfg, progs, overheads=self.o, reuse=self.reuse,
+                                coll_algorithm=self.coll_algorithm)["cycles"]
+            progs, got = tuned(self.cms, [0] * tokens, pos0, measure=cycles)
+            self._memo[key] = got if got is not None else cycles(progs)
         return self._memo[key]
 
     def batch_at(self, streams, pos):

@@ -161,14 +161,20 @@ class Cards:
     def step(self, tokens, pos0, timeout_s, stream=0):
         """One step of stream ``stream`` on every card; returns the counters summed over the
         cards (cycles: the slowest card's)."""
-        return self._run([cm.step(tokens, pos0, stream) for cm in self.cms], pos0, timeout_s)
+        from .compiler.tune import step_programs
+        return self._run(step_programs(self.cms, tokens, pos0, stream), pos0, timeout_s)
 
     def prefill(self, ids, timeout_s, stats, progress, what, stream=0):
         """A prompt's prefill in steps of T tokens (stream ``stream``), each step's counters
         appended to ``stats.prefill_steps``, ``progress`` told each step (``what``)."""
+        from .compiler.tune import untuned
         for p in range(0, len(ids), self.T):
-            progress.note(f"{what}, positions {p}..{min(p + self.T, len(ids)) - 1} of {len(ids)}")
-            stats.prefill_steps.append(self.step(ids[p:p + self.T], p, timeout_s, stream=stream))
+            chunk = ids[p:p + self.T]
+            progress.note(f"{what}, positions {p}..{p + len(chunk) - 1} of {len(ids)}")
+            if untuned(self.cms, len(chunk)):
+                progress.note(f"{what}: ordering a step of {len(chunk)} tokens by the "
+                              f"performance model (once a step size)")
+            stats.prefill_steps.append(self.step(chunk, p, timeout_s, stream=stream))
             progress.advance()
 
     def step_batch(self, batch, timeout_s):

@@ -240,3 +240,22 @@ def test_allreduce_x16_computes_what_a_cvt16_pass_does(demo, monkeypatch):
     monkeypatch.setattr(emit, "ALLREDUCE_X16", False)
     assert not any(i.op == "COLL" and i.x16 for i in colls())
     assert np.array_equal(with_x16, run())
+
+
+def test_every_lead_of_the_merge_gives_the_same_logits_iss(demo, monkeypatch):
+    """A prefill step on 2 cards (ISS) merged with each lead of host.compiler.tune.LEADS: the
+    orders differ, the logits are bit for bit the same (the tuner chooses among them for
+    time only)."""
+    import host.compiler.tune as tune
+    cfg, model, _ = demo
+    tokens = [5, 17, 99, 250, 3, 7, 11, 300, 42]
+    got, orders = [], set()
+    for lead in tune.LEADS:
+        monkeypatch.setattr(tune, "LEADS", (lead,))
+        cards = make_cards(cfg, model, "iss", 2)
+        _, logits, _ = generate(cfg, cards, None, tokens, 2, keep_logits=True)
+        assert set(cards.cms[0].leads.values()) == {lead}
+        orders.add(tuple(cards.cms[0].step(tokens[:cards.T], 0, lead=lead)))
+        got.append(np.asarray(logits).view(np.uint32))
+    assert len(orders) > 1
+    assert all(np.array_equal(g, got[0]) for g in got[1:])

@@ -509,7 +509,8 @@ def test_ctrl_c_in_process_is_130_and_one_line(tmp_path, capsys, monkeypatch):
     path = tmp_path / "l.npy"
     rc, out, err = run_main(capsys, "run", "--cards", "1", "--new-tokens", "2", "--json",
                             "--dump-logits", path)
-    assert rc == 130 and err.strip() == "gptfpga: interrupted" and "Traceback" not in err
+    # (a progress line may come first where the run outlasts the progress' grace: a loaded machine)
+    assert rc == 130 and err.strip().splitlines()[-1] == "gptfpga: interrupted" and "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
 
 

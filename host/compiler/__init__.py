@@ -12,7 +12,9 @@ Modules, each owning one concern, in the order they build on each other:
 - ``schedule``: MATVEC jobs and the WLOADs' places (pure functions);
 - ``placement``: the on-chip buffer plan (``Placement``), chosen from explicit candidates;
 - ``image``: the HBM image and where everything is in HBM (``HbmLayout``);
-- ``emit``: one step's instruction stream (``Emitter``);
+- ``emit``: one step's instruction stream (``Emitter``); ``interleave``: the merge of a split
+  step's two halves; ``tune``: every card's program of a step, the merge's lead chosen by the
+  performance model (host.perf);
 - ``compiled``: ``CompiledModel``, the parts put together, and ``check_limits``.
 
 Pure Python and numpy over hw.isa: no Amaranth, no hw.core, no sim.

@@ -88,6 +88,7 @@ class CompiledModel:
         self.weights = model.weights      # None: a shapes-only compile (programs, no image)
         self.dump_hidden, self.all_logits = dump_hidden, all_logits
         self.split = split       # steps of several tokens as two interleaved halves (split_at)
+        self.leads = {}          # a split step's size -> its merge's lead (host.compiler.tune)
         sh, c = self.sh, cfg.core
         check_limits(cfg, sh)
         if not 1 <= streams <= c.limits.streams:
@@ -158,9 +159,10 @@ class CompiledModel:
                 write_stripes(dev, self.cfg, k, np.zeros(kv.k_rows * S, np.uint8))
                 write_stripes(dev, self.cfg, v, np.zeros(kv.v_rows * S, np.uint8))
 
-    def step(self, tokens, pos0, stream=0):
+    def step(self, tokens, pos0, stream=0, lead=0):
         """Program for ``tokens`` (at most T) of stream ``stream`` at positions pos0, pos0 + 1,
-        ..."""
+        ...; ``lead``: the merge's, where the step is split in two halves (interleave; any
+        lead computes the same values: ``host.compiler.tune`` chooses it for time)."""
         T = len(tokens)
         if not 1 <= T <= self.T:
             raise ValueError(f"step: {T} tokens; 1..{self.T} allowed")
@@ -170,13 +172,14 @@ class CompiledModel:
             raise UserError(f"prompt: position {pos0 + T - 1} is beyond the model's context "
                             f"({self.sh.n_positions} positions)")
         if split_at(self, T) is not None:
-            return split_program(self, list(tokens), pos0, stream=stream)
+            return split_program(self, list(tokens), pos0, stream=stream, lead=lead)
         return Emitter(self, list(tokens), pos0, stream=stream).program()
 
-    def step_batch(self, batch):
+    def step_batch(self, batch, lead=0):
         """Program of one decode step of several streams: ``batch`` = [(token, position,
         stream)], the streams distinct. Token j's logits are read with ``read_batch_logits``.
-        Each stream's result is bit-identical to its own one-token ``step``."""
+        Each stream's result is bit-identical to its own one-token ``step``. ``lead``: as
+        ``step``'s (the runtime merges batches with 0)."""
         B = len(batch)
         if not 1 <= B <= self.streams:
             raise ValueError(f"step_batch: {B} streams; 1..{self.streams} allowed")
@@ -189,7 +192,7 @@ class CompiledModel:
                                 f"({self.sh.n_positions} positions)")
         toks, pairs = [t for t, _, _ in batch], [(p, s) for _, p, s in batch]
         if split_at(self, B) is not None:
-            return split_program(self, toks, 0, batch=pairs)
+            return split_program(self, toks, 0, batch=pairs, lead=lead)
         return Emitter(self, toks, 0, batch=pairs).program()
 
     def kv_caches(self, layer, stream):

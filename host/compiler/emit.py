@@ -839,7 +839,9 @@ def split_at(cm, T):
     the hidden-state dumps or every token's logits; the first half takes a multiple of
     core.reuse tokens (a weight tile meets R tokens a cycle: halves of ceil(T / 2) and the
     rest would cost the matrix unit more cycles than the whole step), and both halves at
-    least two tokens."""
+    least two tokens (so never fewer than four)."""
+    if T < 4:
+        return None
     R = cm.cfg.core.reuse
     a = min(T - 1, R * -(-T // (2 * R)))
     if (cm.cards == 1 or cm.plan.param_areas != 2 or cm.dump_hidden or cm.all_logits or not cm.split
@@ -848,7 +850,7 @@ def split_at(cm, T):
     return a
 
 
-def split_program(cm, tokens, pos0, stream=0, batch=None):
+def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
     """A step of several tokens as two halves whose instructions interleave, so that one
     half's collectives and vector work run beside the other's MATVECs (in-order issue holds
     an instruction behind a COLL's or a MATVEC's reader; the other half's work does not
@@ -865,7 +867,7 @@ def split_program(cm, tokens, pos0, stream=0, batch=None):
     a.pre b.pre | a.Q0 a.T0 a.P0 b.Q0 a.M0 b.T0 | a.Q1 b.P0 a.T1 b.M0 a.P1 b.Q1 a.M1 b.T1 |
     ... | b.P(L-1) b.M(L-1) a.head b.head. The first half loads the next layer's parameters
     in its P (after the second half's M of the layer before, the last to read that area);
-    every card has the same COLLs in the same order."""
+    every card has the same COLLs in the same order. ``lead``: the merge's (interleave)."""
     T = len(tokens)
     a = split_at(cm, T)
     halves = []
@@ -918,7 +920,7 @@ def split_program(cm, tokens, pos0, stream=0, batch=None):
     if batch is None:      # prefill: the second half's attention reads the first's K and V
         bars += [Barrier(1, start(1, part(1, li, A)[1]), end(0, part(0, li, A)[1])) for li in range(L)]
     bars.append(Barrier(1, start(1, 1 + 4 * L), end(0, 1 + 4 * L)))            # the LM heads' biases
-    merged, where = interleave(cm.cfg, [ea.out, eb.out], bars, coll_order)
+    merged, where = interleave(cm.cfg, [ea.out, eb.out], bars, coll_order, lead=lead)
     half_of = {id(x): h for h, e in enumerate((ea, eb)) for x in e.out if isinstance(x, Job)}
     out = []
     for item in merged:

@@ -10,6 +10,13 @@ would issue first on the card, as far as a simple estimate of the card's timing 
 collective unit, a MATVEC after the matrix unit's last step, and the address hazards of
 the issue stage: a reader after its writer, a writer after its readers and writers).
 
+``lead`` biases the estimate towards the vector unit's work: after an elementwise VEC the
+estimate takes the vector unit as free ``lead`` times the operation's latency before it is
+(not below its issue), so that the next VEC, of either half, looks as early as that and is
+taken ahead of the other half's items. The right lead depends on the step (on prefill steps
+of GPT-2 models on 2 and 4 u280x4 cards, 1, 2 and 3 each won somewhere: docs/performance.md,
+"The interleave's lead"): ``host.compiler.tune`` picks it by the performance model.
+
 The estimate only chooses the order: every order the constraints allow computes the same
 values (each half's items keep their order; the barriers keep the orders between halves that
 the values depend on), and every card has the same COLLs in the same order (``coll_order``),
@@ -21,7 +28,7 @@ and token group, a STORE an element a cycle).
 import math
 from dataclasses import dataclass
 
-from hw.isa import decode
+from hw.isa import REDUCE_VOPS, decode
 
 from .schedule import Job
 
@@ -38,11 +45,11 @@ class Barrier:
     after: int
 
 
-def interleave(cfg, halves, barriers, coll_order):
+def interleave(cfg, halves, barriers, coll_order, lead=0):
     """The merged items of ``halves`` (two lists), and for each half the merged position of
     each of its positions (and of its end), as a list. ``coll_order``: [(half, k)], the
-    order of the halves' COLLs (the k-th of half ``half``)."""
-    from ..perf import CardModel, coll_cycles  # (the performance model's durations)
+    order of the halves' COLLs (the k-th of half ``half``); ``lead`` >= 0 (above)."""
+    from ..perf import CVT_LAT, VOP_BY_CODE, VOP_LAT, CardModel, coll_cycles  # (its durations)
     model = CardModel(cfg)
     R, depth = cfg.core.reuse, 40
     need = [dict(), dict()]
@@ -93,6 +100,9 @@ def interleave(cfg, halves, barriers, coll_order):
         if op == "VEC":
             done = t + 1 + model.vec_cycles(f)
             free["vpu"] = done + 1
+            if lead and f["vop"] not in REDUCE_VOPS:
+                lat = VOP_LAT[VOP_BY_CODE[f["vop"]]] + (CVT_LAT if f["x16"] else 0)
+                free["vpu"] = max(t + 2, free["vpu"] - lead * lat)
         elif op == "MATVEC":
             start = max(t, free["mpu"])
             steps = f["rb"] * f["cb"] * math.ceil(f["tokens"] / R)

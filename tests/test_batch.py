@@ -48,14 +48,19 @@ def _check_streams(g, solos):
             f"stream {s}: logits differ from its own run"
 
 
-def test_batch_of_four_split_iss(demo):
+@pytest.mark.parametrize("vsp_words", [None, 32768])
+def test_batch_of_four_split_iss(demo, vsp_words):
     """Four streams on two cards: the step is cut in two interleaved halves of two streams
     (emit.split_program), each half's collectives and vector work beside the other's MATVECs;
     every stream still bit-identical to its prompt alone (whose 7-token prefill step is cut
-    too)."""
+    too). With tiny's VSP the halves share one all-gather buffer; with twice it each half has
+    its own (Placement.v_gb2), its blocks placed from card 0's at the buffer's end."""
     cfg, model, tok = demo
+    if vsp_words:
+        cfg = cfg.replace(**{"core.vsp_words": vsp_words})
     prompts = [tok.encode(p) for p in (*PROMPTS, "It was the best of times")]
     cm = CompiledModel(cfg, model, cards=2, streams=4)
+    assert (cm.plan.v_gb2 is not None) == bool(vsp_words)
     assert split_at(cm, 4) == 2 and split_at(cm, 3) is None and split_at(cm, 7) == 4
     g, order = _batch(cfg, model, "iss", 2, prompts, 4)
     _check_streams(g, [_solo(cfg, model, "iss", 2, p, 4) for p in prompts])

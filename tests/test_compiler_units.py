@@ -436,6 +436,30 @@ def test_split_steps_have_the_same_colls_on_every_card(xl4):
         assert {n for _, n in colls[0]} == {4 * cms[0].dS, cfg.core.vector_lanes}
 
 
+def test_batch_sums_read_two_segments_and_the_halves_blocks_do_not_meet(xl4):
+    """A decode batch's all-gathers place card 0's block alone in a VSP segment, each half's
+    in its own area: every addition of the sums in card order reads its two operands from two
+    segments (one port each: full rate), and the halves' gathered blocks (both in flight at
+    once) do not overlap, for batches cut in halves and not."""
+    from host.perf import VOP_BY_CODE
+    cfg, cms = xl4
+    seg = cfg.core.vsp_words // cfg.core.vsp_segments
+    beat = cfg.link.data_bits // 32
+    for B in (3, 6, 8):
+        blocks = []
+        for i in _ops(cms[1].step_batch([(0, 64, s) for s in range(B)])):
+            f = i.fields
+            if i.op == "COLL" and f["cop"] == 0 and f["n"] % cms[1].dS == 0:
+                blk = -(-f["n"] // beat) * beat
+                blocks.append((f["dst"], f["dst"] + 4 * blk))
+            if i.op == "VEC" and VOP_BY_CODE[f["vop"]] == "ADD" and f["n"] >= cms[1].dS:
+                a, b = f["src1"], f["src2"]
+                assert {a // seg, (a + f["n"] - 1) // seg}.isdisjoint({b // seg, (b + f["n"] - 1) // seg}), (B, f)
+        areas = sorted(set(blocks))
+        assert len(areas) == (2 if B > 4 else 1)
+        assert all(hi <= lo for (_, hi), (lo, _) in zip(areas, areas[1:])), areas
+
+
 def test_split_program_interleaves_the_halves_in_their_orders(xl4):
     """The cut step's program is the two halves' instructions (each Job as its MATVEC), each
     half's in its own order, and the WLOADs."""

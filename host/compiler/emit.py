@@ -720,6 +720,9 @@ class Emitter:
             # the last addition writes fp16(x) for the next MATVEC. (A batch: every token's
             # partial sums in a card's block, in its own buffer.)
             g, blk = (b.v_g, b.g_blk) if self.batch is None else (b.v_gb, round_up(T * dS, self.beat))
+            if self.batch is not None and b.v_gb2 is not None:
+                # (this half's blocks with card 0's ending where the buffer's does)
+                g += round_up(b.streams * dS, self.beat) - blk
             self.e("COLL", cop=0, src=b.v_y, dst=g, n=T * dS)
             self.after_coll = len(self.out)
             for j in range(1, self.cards):
@@ -827,7 +830,9 @@ def _shifted(plan, dims, k, cards, beat, P):
     new = {name: getattr(plan, name) + k * stride for name, stride in f.items()}
     if plan.v_zinv == plan.v_sc:         # (in its own scores' buffer, as the first half's is)
         new["v_zinv"] = new["v_sc"]
-    if plan.v_gb is not None:
+    if plan.v_gb2 is not None:
+        new["v_gb"] = plan.v_gb2
+    elif plan.v_gb is not None:
         new["v_gb"] = plan.v_gb + cards * round_up(k * dims.dS, beat)
     new["v_ln"] = plan.v_ln2
     return replace(plan, **new)

@@ -166,7 +166,13 @@ class Placement:
         token 0's is v_mask).
     v_gb : int or None
         With streams > 1 and the all-gather: its buffer for a batch (every token's partial
-        sums, a card's block of ``round_up(streams dS, beat)`` words).
+        sums, a card's block of ``round_up(streams dS, beat)`` words), card 0's block alone
+        in a segment where room allows (as ``v_g``'s).
+    v_gb2 : int or None
+        The same for the second half of a split batch (``emit.split_program``), where room
+        allows (else that half takes the rest of ``v_gb``). With it, each half places its
+        blocks (of its own tokens, a smaller stride) so that card 0's block ends where
+        ``v_gb``'s (``v_gb2``'s) does: every addition of the sums then reads two segments.
     v_ln : int or None
         Several cards and tokens: the LayerNorm's r of this card's share of a step's tokens
         (``round_up(ceil(T / cards) P, beat)`` words), then every card's, gathered.
@@ -203,6 +209,7 @@ class Placement:
     streams: int = 1
     v_masks: int | None = None
     v_gb: int | None = None
+    v_gb2: int | None = None
     v_ln: int | None = None
     v_ln2: int | None = None
 
@@ -288,6 +295,7 @@ def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None, streams=1, 
         if b["v_g"] is not None:
             blk = round_up(streams * dims.dS, B)
             b["v_gb"] = v(cards * blk, split=blk)
+            b["v_gb2"] = v(cards * blk, split=blk, optional=True)
         if v.short:
             return NoRoom(f"{v.shortage} to decode {streams} streams together")
     return Placement(T=T, param_areas=cand.param_areas, by_segment=cand.by_segment, **b)

@@ -453,11 +453,11 @@ def test_batch_sums_read_two_segments_and_the_halves_blocks_do_not_meet(xl4):
                 blk = -(-f["n"] // beat) * beat
                 blocks.append((f["dst"], f["dst"] + 4 * blk))
             if i.op == "VEC" and VOP_BY_CODE[f["vop"]] == "ADD" and f["n"] >= cms[1].dS:
-                a, b = f["src1"], f["src2"]
-                assert {a // seg, (a + f["n"] - 1) // seg}.isdisjoint({b // seg, (b + f["n"] - 1) // seg}), (B, f)
+                a, b, n = f["src1"], f["src2"], f["n"]
+                assert {a // seg, (a + n - 1) // seg}.isdisjoint({b // seg, (b + n - 1) // seg}), (B, f)
         areas = sorted(set(blocks))
         assert len(areas) == (2 if B > 4 else 1)
-        assert all(hi <= lo for (_, hi), (lo, _) in zip(areas, areas[1:])), areas
+        assert all(hi <= lo for (_, hi), (lo, _) in zip(areas, areas[1:], strict=False)), areas
 
 
 def test_split_program_interleaves_the_halves_in_their_orders(xl4):

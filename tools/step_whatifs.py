@@ -5,6 +5,9 @@ tokens/s = 8 x the first / the second) and a prefill step of 32 tokens at positi
 cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the first is built:
 
 - STOREs an element a cycle: the store engine as it was before its row path;
+- a batch's sums through one segment: the halves of a decode batch share one all-gather
+  buffer (no ``Placement.v_gb2``), as before it, so a half's first addition reads both
+  operands through one VSP segment's port;
 - a CVT16 after each all-reduce: the prefill all-reduce without its fp16 copy into XB
   (``emit.ALLREDUCE_X16 = False``, as it was before COLL.x16);
 - decoupled issue: an instruction takes a scoreboard entry (32) and a place in its unit's
@@ -16,7 +19,10 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
   not after its frames' latency on the links (``CardModel(coll_pipelined=True)``);
 - link latency halved: 250 cycles a hop instead of 500 (a config, for the sensitivity);
 - LayerNorm statistics on every card: ``emit.SHARE_LN = False``;
-- MLP columns moved off the card with 7 heads: 192 of its 1,600 to the other three.
+- MLP columns moved off the card with 7 heads: 192 of its 1,600 to the other three;
+- every COLL one cycle (a bound: the same programs, their collectives free), alone and with
+  decoupled issue of deep queues (64 a unit, 256 scoreboard entries): what the units' own
+  chains leave when nothing waits on a link.
 
     python tools/step_whatifs.py
 """
@@ -32,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 import host.compiler.emit as emit  # noqa: E402
 import host.compiler.partition as partition  # noqa: E402
+import host.compiler.placement as placement  # noqa: E402
 import host.perf as hp  # noqa: E402
 from gen.config import load_config  # noqa: E402
 from host.compiler import CompiledModel  # noqa: E402
@@ -61,6 +68,17 @@ def _cvt_free(vec_cycles):
     return cycles
 
 
+def _one_gather_buffer(place):
+    def placed(*args, **kwargs):
+        plan = place(*args, **kwargs)
+        return replace(plan, v_gb2=None) if isinstance(plan, placement.Placement) else plan
+    return placed
+
+
+def _one_cycle(*args, **kwargs):
+    return 1
+
+
 def _mlp_off_the_largest(of, moved):
     def partition_of(cls, shape, *, card, cards, lanes):
         p = of(cls, shape, card=card, cards=cards, lanes=lanes)
@@ -87,6 +105,9 @@ def main():
         ("as built", none, lambda: figures(cfg, base)),
         ("STOREs an element a cycle (before the row path)",
          patch.object(hp.CardModel, "_store_walk", lambda self, f: f["n"]), lambda: figures(cfg, base)),
+        ("a batch's sums through one segment (before Placement.v_gb2)",
+         patch.object(placement, "place", _one_gather_buffer(placement.place)),
+         lambda: figures(cfg, programs(cfg))),
         ("a CVT16 pass after each all-reduce (before COLL.x16)",
          patch.object(emit, "ALLREDUCE_X16", False), lambda: figures(cfg, programs(cfg))),
         ("decoupled issue", none, lambda: figures(cfg, base, decoupled=(8, 32))),
@@ -101,6 +122,10 @@ def main():
          patch.object(partition.Partition, "of",
                       _mlp_off_the_largest(partition.Partition.of.__func__, 192)),
          lambda: figures(cfg, programs(cfg))),
+        ("every COLL one cycle (a bound)", patch.object(hp, "coll_cycles", _one_cycle),
+         lambda: figures(cfg, base)),
+        ("every COLL one cycle, decoupled issue (64, 256)", patch.object(hp, "coll_cycles", _one_cycle),
+         lambda: figures(cfg, base, decoupled=(64, 256))),
     ]
     print("| what-if, GPT-2 1.5B, 4 u280x4 cards | decode step, 1 token | batch step, 8 streams "
           "| batch 8 / batch 1 tokens/s | prefill step of 32, cycles a token |")

@@ -11,7 +11,7 @@ import pytest
 
 from gen.config import load_config
 from host.compiler import GROUP, CompiledModel, tiles_in_stream_order
-from host.compiler.layout import Dims, KvLayout, ParamLayout, param_align
+from host.compiler.layout import Dims, KvLayout, ParamLayout, param_align, round_up
 from host.compiler.partition import Partition, share
 from host.compiler.placement import Allocator, Candidate, NoRoom, Placement, candidates, choose, place
 from host.compiler.schedule import Job, chunk_blocks, matrix_chunks, mlp_proj_split, place_wloads
@@ -450,8 +450,7 @@ def test_batch_sums_read_two_segments_and_the_halves_blocks_do_not_meet(xl4):
         for i in _ops(cms[1].step_batch([(0, 64, s) for s in range(B)])):
             f = i.fields
             if i.op == "COLL" and f["cop"] == 0 and f["n"] % cms[1].dS == 0:
-                blk = -(-f["n"] // beat) * beat
-                blocks.append((f["dst"], f["dst"] + 4 * blk))
+                blocks.append((f["dst"], f["dst"] + len(cms) * round_up(f["n"], beat)))
             if i.op == "VEC" and VOP_BY_CODE[f["vop"]] == "ADD" and f["n"] >= cms[1].dS:
                 a, b, n = f["src1"], f["src2"], f["n"]
                 assert {a // seg, (a + n - 1) // seg}.isdisjoint({b // seg, (b + n - 1) // seg}), (B, f)

@@ -69,6 +69,8 @@ bench: setup
 	$(GPTFPGA) bench run --config configs/tiny.yaml
 	$(GPTFPGA) synth --config configs/u280x4.yaml
 	cp build/synth/card-u280x4.json docs/bench/synth-card-u280x4.json
+	$(GPTFPGA) synth --config configs/u280x4-int8.yaml
+	cp build/synth/card-u280x4-int8.json docs/bench/synth-card-u280x4-int8.json
 	$(GPTFPGA) synth --config configs/tiny.yaml
 	cp build/synth/card-tiny.json docs/bench/synth-card-tiny.json
 	$(GPTFPGA) synth --arith

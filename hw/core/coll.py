@@ -19,8 +19,11 @@ division per part and a running remainder. Then:
   padding of the ISA) and write the result at dst.
 
 The node's three memory ports per ring direction share one VSP read port and one VSP write
-port of this unit, arbitrated round-robin per beat; each beat is R row accesses, so the
-unit moves at most P words a cycle each way (the link's 62.5 B/cycle needs P >= 16).
+port of this unit, arbitrated round-robin per beat; each beat is R row accesses and the
+reader and writer take a beat every R + 1 cycles (a cycle between beats), so with both ring
+directions running each moves a beat every 2(R + 1) cycles: on u280x4 (R = 1) a quarter of
+the link's 62.5 B/cycle once a message outgrows the link latency (measured, and modelled by
+host/perf.py: docs/performance.md, "The collective unit's own time").
 
 With the COLL's ``hbm`` bit, src and dst are HBM stripe rows and the node's ports go to HBM
 instead (hw/dma/beats.py, shared with the DMA on every channel by hw/dma/mux.py): each read
@@ -363,7 +366,7 @@ class VspBeatReader(wiring.Component):
             wiring.connect(m, wiring.flipped(port.req), arb.i[q])
         route = SyncFIFO(width=2, depth=4)                # the port of each beat being read
         m.submodules.route = route
-        busy, r_j = Signal(), Signal(range(R))
+        busy, r_j = Signal(), Signal(range(max(R, 2)))   # (never a zero-width wire)
         r_row, r_word, r_lim = Signal(len(self.rd.req.payload) + 1), Signal(30), Signal(30)
         r_mask = Signal(P)
         m.d.comb += arb.o.ready.eq(self.en & ~busy & route.w_rdy)
@@ -388,7 +391,7 @@ class VspBeatReader(wiring.Component):
                 m.d.sync += r_j.eq(r_j + 1)
         # collector: R rows make a beat, row 0 in the low bits
         acc = Signal(D)
-        a_j = Signal(range(R))
+        a_j = Signal(range(max(R, 2)))
         row_in = _masked(self.rd.resp.payload, r_mask)
         beat = Cat(acc[32 * P:], row_in) if R > 1 else row_in
         deliver = self.en & self.rd.resp.valid & (a_j == R - 1)
@@ -439,7 +442,7 @@ class VspBeatWriter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         P, R = self.P, self.R
-        busy, w_j = Signal(), Signal(range(R))
+        busy, w_j = Signal(), Signal(range(max(R, 2)))
         w_row, w_buf = Signal(len(self.wr.req.payload.row) + 1), Signal(self.D)
         x_word = Signal(ADDR_BITS)             # the XB word of the row being written
         m.d.comb += self.beats.ready.eq(self.en & ~busy)

@@ -102,6 +102,17 @@ class Overheads:
     mpu_tail: int = 3          # last accumulation to done (output FIFO, writer)
     halt: int = 3              # HALT to ap_done
     coll_hop: int = 20         # collective engine per ring step beyond the link
+    # The collective unit on the card (hw/core/coll.py around the engine), fitted to the
+    # Verilated appliance's COLLs (docs/performance.md, "The collective unit's own time"):
+    coll_step: int = 18        # a ring step beyond the link's latency: framing, CRC, tables
+    coll_step_port: int = 2    # ... and per VSP cycle of a beat (the reader's and writer's turn)
+    coll_slack: int = 16       # beats a received frame is sent on ahead of its VSP writes
+    coll_copy_row: int = 3     # all-gather's own block: cycles a row (read, register, write)
+    coll_beat_gap: int = 1     # the unit's VSP reader and writer: idle cycles between beats
+    coll_port_dirs: int = 2    # ring directions sharing the unit's VSP read and write port
+    coll_ag_wait: float = 0.25  # all-gather: share of each later step's latency the writes wait
+    coll_ag_write: float = 1.1  # all-gather: the writer's cycles a beat over its R + 1
+    coll_ar_port: float = 0.9   # all-reduce: the rounds' segments through the ports, overlapped
 
 
 class CardModel:
@@ -526,10 +537,17 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     whole (the link layer keeps every frame until it is acknowledged). This is the
     small-message regime of GPT-2's decode (a few KiB); `gptfpga bench calibrate` records the error against
     the collective engine's RTL (``card=False``: the node alone, on a one-cycle memory). With
-    ``card`` (the default), the card's collective unit around it: its setup, its one VSP port
-    each way, and an all-gather's copy of the card's own block into place."""
+    ``card`` (the default), a COLL through the card's collective unit (``_card_coll_cycles``,
+    fitted to the Verilated appliance: its one VSP port each way, the own block's copy), or
+    with ``algorithm="exchange"`` the what-if above around the unit's setup and copy."""
     if cards == 1:
         return 0
+    if op not in ("allreduce", "allgather"):
+        raise ValueError(f"collective {op!r}")
+    if algorithm not in ("ring", "exchange"):
+        raise ValueError(f"collective algorithm {algorithm!r}")
+    if card and algorithm == "ring":
+        return _card_coll_cycles(cfg, cards, words, overheads, op)
     beat = cfg.link.data_bits // 8
     nb = beats(words, beat // 4)
     dirs = 2 if cfg.topology == "bidirectional_ring" else 1
@@ -539,13 +557,7 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
     def wire(beats):            # payload and a trailer beat per frame, at the line rate
         return (beats + -(-beats // frame)) * beat / cfg.link_bytes_per_cycle
 
-    if op not in ("allreduce", "allgather"):
-        raise ValueError(f"collective {op!r}")
-    if algorithm not in ("ring", "exchange"):
-        raise ValueError(f"collective algorithm {algorithm!r}")
-    # On the card, the collective unit moves a beat as R rows through its one VSP port each way
-    # (hw/core/coll.py), and first computes the geometry (a 22-step division and N table
-    # entries per ring direction).
+    # (card=False: the node alone on a one-cycle memory; or the exchange what-if, not built.)
     rows = max(1, (beat // 4) // cfg.core.vector_lanes) if card else 1
     setup = dirs * (DIV_BITS + 2 + cards) + 3 if card else 0
     first, add, own = 0, 0, 0
@@ -563,6 +575,48 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
         first = move
         own = nb * rows if card else 0
     return int(math.ceil(steps * (lat + overheads.coll_hop + 2 * move) + first + setup + own + add))
+
+
+def _card_coll_cycles(cfg, cards, words, o, op):
+    """A COLL on the VSP through the card's collective unit (``coll_cycles``' default): the
+    geometry's setup, an all-gather's copy of its own block, then the ring's schedule. The
+    VSP's one read port and one write port serve both ring directions, a beat at a time,
+    R rows a beat and a cycle between beats (hw/core/coll.py's VspBeatReader and
+    VspBeatWriter: R + 1 cycles a beat); a frame is taken whole (its CRC) before it is
+    added to, written or sent on; a step costs the link's latency and the engine's time.
+    Two bounds: the chain of a segment's first frame through every step (each sent on as
+    it is written, or as its operands are read in reduce-scatter rounds, and then the rest
+    of the segment behind it), and the ports' work (all-gather: the N - 1 blocks written,
+    behind the first step's latency and part of the others'; all-reduce: every round's segment
+    through a port in turn). Fitted to 116 COLLs of 16 to 51,200 words on 2 to 4 Verilated
+    cards of two regimes (tiny's unidirectional ring at 4 VSP rows a beat; u280x4's link,
+    ring and vector lanes on a small core: a row a beat, both ways): within 8%, 2.6% rms."""
+    beat = cfg.link.data_bits // 8
+    B = beat // 4
+    nb = beats(words, B)
+    dirs = 2 if cfg.topology == "bidirectional_ring" else 1
+    F = max(1, cfg.link.chunk_bytes // beat)              # beats a frame
+    lat = cfg.link.latency_cycles
+    R = max(1, B // cfg.core.vector_lanes)                # VSP rows a beat
+    port = min(dirs, o.coll_port_dirs) * (R + o.coll_beat_gap)   # a direction's beat, a port
+    w = beat / cfg.link_bytes_per_cycle * (1 + 1 / F)     # a beat on the wire (and trailers)
+    rate = max(w, port)
+    setup = dirs * (DIV_BITS + 2 + cards) + 3
+    ag = op == "allgather"
+    own = o.coll_copy_row * nb * R if ag else 0
+    s = -(-nb // dirs) if ag else -(-nb // (cards * dirs))  # a segment, beats a direction
+    steps = cards - 1 if ag else 2 * (cards - 1)
+    f = min(s, F)
+    step = lat + o.coll_step + o.coll_step_port * (R + o.coll_beat_gap)
+    on = min(f, o.coll_slack) * w + max(0, f - o.coll_slack) * rate   # received, written, sent on
+    on_rs = f * rate                                                  # its operands read first
+    sends = (cards - 2) * on + (0 if ag else (cards - 1) * on_rs)
+    chain = f * port + steps * step + sends + f * w + f * port + (s - f) * rate
+    if ag:
+        work = step + o.coll_ag_wait * (steps - 1) * step + o.coll_ag_write * (cards - 1) * s * port
+    else:
+        work = step + o.coll_ar_port * (2 * cards - 1) * s * port
+    return int(math.ceil(setup + own + max(chain, work)))
 
 
 def simulate(cfg, programs, *, overheads=Overheads(), coll_algorithm="ring", trace=False, reuse=None,

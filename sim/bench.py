@@ -379,10 +379,14 @@ def run_table(result):
 # -- the performance model ----------------------------------------------------------------------
 
 def _calibration_cases():
-    """(name, config, model factory, steps): the runs the model is held to. Each step is
+    """(name, config, model factory, steps, cards): the runs the model is held to. Each step is
     (kind, tokens, first position); the KV cache is whatever the earlier steps left (the cycles
     do not depend on its values). A "batch" step decodes ``tokens`` streams together, stream s
-    at position first + s."""
+    at position first + s. With several cards, the Verilated appliance (the cards' collective
+    units and the link models) runs every card's program of the step, the model the same
+    programs together (``host.perf.simulate``); a prefill step there is the runtime's: cut in
+    two halves and merged with the lead the model chooses (host.compiler.tune), a batch of 4 is
+    cut in two halves of 2 (lead 0), as the runtime runs them."""
     from gen.config import load_config
     from host.model import Gpt2Shape, load_checkpoint, random_gpt2
     from host.runtime import DEMO_MODEL
@@ -393,17 +397,93 @@ def _calibration_cases():
     small2 = Gpt2Shape(n_layer=2, n_head=12, d_model=768, vocab=1024, n_positions=128)
     return [
         ("tiny, demo model", tiny, lambda: load_checkpoint(DEMO_MODEL),
-         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)]),
+         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)], 1),
         ("tiny-int8, demo model", tiny8, lambda: load_checkpoint(DEMO_MODEL),
-         [("prefill", None, 0), ("decode", 1, 19), ("batch", 4, 19)]),
+         [("prefill", None, 0), ("decode", 1, 19), ("batch", 4, 19)], 1),
         ("tiny-int16, demo model", tiny16, lambda: load_checkpoint(DEMO_MODEL),
-         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)]),
+         [("prefill", None, 0), ("decode", 1, 19), ("decode", 1, 100), ("batch", 4, 19)], 1),
         ("medium, GPT-2-small layers x 2", medium,
          lambda: random_gpt2(small2, np.random.default_rng(0)),
-         [("prefill", None, 0), ("decode", 1, 4), ("decode", 1, 100)]),
+         [("prefill", None, 0), ("decode", 1, 4), ("decode", 1, 100)], 1),
         ("medium at 300 MHz (HBM below the port rate)", medium.replace(clock_mhz=300),
-         lambda: random_gpt2(small2, np.random.default_rng(0)), [("decode", 1, 4)]),
+         lambda: random_gpt2(small2, np.random.default_rng(0)), [("decode", 1, 4)], 1),
+        ("tiny x 2 cards, demo model", tiny, lambda: load_checkpoint(DEMO_MODEL),
+         [("prefill", None, 0), ("decode", 1, 19), ("batch", 4, 19)], 2),
+        ("tiny x 4 cards, demo model", tiny, lambda: load_checkpoint(DEMO_MODEL),
+         [("prefill", None, 0), ("decode", 1, 19), ("batch", 4, 19)], 4),
     ]
+
+
+def calibration_programs(cms, kind, tokens, pos):
+    """Every card's program of a calibration step (``_calibration_cases``): ``cms`` one
+    CompiledModel per card. The lead of a split prefill step is the model's choice, as the
+    runtime's (host.compiler.tune; kept in ``cms[0].leads``, so a replay gets the same)."""
+    from host.compiler.tune import step_programs
+    if kind == "batch":
+        return [cm.step_batch([(1, pos + s, s) for s in range(tokens)]) for cm in cms]
+    return step_programs(cms, [1] * tokens, pos)
+
+
+def coll_calibration_config():
+    """u280x4's collective unit on a small core, for the Verilated appliance: u280x4's link,
+    ring and vector lanes (a link beat is one VSP row, both ways round the ring), tiny's
+    memories otherwise (the VSP large enough for a prefill step's all-reduce), 16 lanes x 16."""
+    from gen.config import load_config
+    u = load_config(ROOT / "configs" / "u280x4.yaml")
+    tiny = load_config(ROOT / "configs" / "tiny.yaml")
+    return tiny.replace(**{
+        "name": "tiny-u280x4-ring", "topology": u.topology, "core.lanes": u.core.vector_lanes,
+        "core.width": 16, "core.vector_lanes": u.core.vector_lanes, "core.vsp_words": 131072,
+        "hbm.channels": 8, "hbm.data_bits": 512, "link.data_bits": u.link.data_bits,
+        "link.latency_cycles": u.link.latency_cycles, "link.gbits_per_s": u.link.gbits_per_s,
+        "link.chunk_bytes": u.link.chunk_bytes, "clock_mhz": u.clock_mhz})
+
+
+# (config, op, cards, fp32 words): COLLs through the card's collective unit. The sizes of
+# GPT-2 1.5B on u280x4: a LayerNorm's statistics (16), a decode token's sums (1,600), a
+# decode batch's half (6,400), a prefill step's all-reduce (32 tokens, 51,200).
+CARD_COLL_CASES = ([("tiny", op, n, w) for op in ("allgather", "allreduce") for n in (2, 4)
+                    for w in (16, 512, 2048)]
+                   + [("tiny-u280x4-ring", op, n, w) for op, ws in (("allgather", (16, 1600, 6400)),
+                                                                    ("allreduce", (1600, 51200)))
+                      for n in (2, 4) for w in ws])
+
+
+def calibrate_card_collectives(*, cases=CARD_COLL_CASES, log=print, progress=None):
+    """COLLs on the VSP through the card's collective unit on the Verilated appliance (every
+    card the same COLL and HALT, less a HALT alone) against ``host.perf.coll_cycles``."""
+    from gen.config import load_config
+    from host.perf import coll_cycles
+    from sim.progs import Layout
+    from sim.system import RtlAppliance, build_card
+    cfgs = {"tiny": load_config(ROOT / "configs" / "tiny.yaml"),
+            "tiny-u280x4-ring": coll_calibration_config()}
+    progress = progress or quiet()
+    rows, libs = [], {}
+    for name, op, cards, words in cases:
+        cfg = cfgs[name]
+        if name not in libs:
+            progress.note(f"{name}: building the Verilated card")
+            libs[name] = build_card(cfg, log=log)[0]
+        progress.step(f"{op} of {words} words on {cards} {name} cards (the card's unit)")
+        lay = Layout(cfg)
+        dst = -(-words // 64) * 64
+        coll = encode("COLL", cop=0 if op == "allgather" else 2, src=0, dst=dst, n=words)
+        cyc = []
+        for prog in ([coll, encode("HALT")], [encode("HALT")]):
+            app = RtlAppliance(cfg, cards, lib=libs[name])
+            st = app.run([prog] * cards, lay.prog_addr, timeout_s=900)
+            if any(x & 0xFF for x in st):
+                raise RuntimeError(f"{op} of {words} words on {cards} cards: status {st}")
+            cyc.append(max(d.counters()["cycles"] for d in app.devices))
+        rtl = cyc[0] - cyc[1]
+        model = coll_cycles(cfg, cards, words, op=op)
+        err = (model - rtl) / rtl
+        rows.append({"config": name, "op": op, "cards": cards, "words": words, "rtl_cycles": rtl,
+                     "model_cycles": model, "error": round(err, 4)})
+        log(f"  {op} of {words} words on {cards} {name} cards (the card's unit): RTL {rtl}, "
+            f"model {model} ({err:+.1%})")
+    return rows
 
 
 def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
@@ -412,30 +492,38 @@ def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
     from host.compiler import CompiledModel
     from host.perf import coll_cycles, simulate
     from sim.fabric import run_collective
-    from sim.system import RtlDevice
+    from sim.system import RtlAppliance, RtlDevice
     runs = []
     progress = progress or quiet()
     cases = cases or _calibration_cases()
     coll_cases = [(op, n, w) for op in ("allreduce", "allgather") for n in (2, 4) for w in (1024, 1600)]
     coll_cases = coll_cases if collectives else []
-    progress.total = sum(len(c[3]) for c in cases) + len(coll_cases)
-    for name, cfg, make, steps in cases:
+    progress.total = (sum(len(c[3]) for c in cases) + len(coll_cases)
+                      + (len(CARD_COLL_CASES) if collectives else 0))
+    for name, cfg, make, steps, cards in cases:
         progress.note(f"{name}: compiling, building the Verilated card")
         streams = max([t for k, t, _ in steps if k == "batch"], default=1)
-        cm = CompiledModel(cfg, make(), streams=streams)
-        dev = RtlDevice(cfg)
-        cm.load(dev)
+        model_ = make()
+        cms = [CompiledModel(cfg, model_, card=i, cards=cards, streams=streams) for i in range(cards)]
+        ring = RtlAppliance(cfg, cards) if cards > 1 else None
+        devs = ring.devices if ring else [RtlDevice(cfg)]
+        for cm, dev in zip(cms, devs, strict=True):
+            cm.load(dev)
         for kind, tokens, pos in steps:
             progress.step(f"{name}: {kind} at {pos}")
-            tokens = tokens or cm.T
-            prog = (cm.step_batch([(1, pos + s, s) for s in range(tokens)]) if kind == "batch"
-                    else cm.step([1] * tokens, pos))
-            rtl = dev.run(prog, cm.prog_addr, timeout_s=3600)
+            tokens = tokens or cms[0].T
+            progs = calibration_programs(cms, kind, tokens, pos)
+            if ring:
+                status = ring.run(progs, [cm.prog_addr for cm in cms], timeout_s=3600)
+                rtl = {"status": max(st & 0xFF for st in status),
+                       "cycles": max(dev.counters()["cycles"] for dev in devs)}
+            else:
+                rtl = devs[0].run(progs[0], cms[0].prog_addr, timeout_s=3600)
             assert rtl["status"] & 0xFF == 0, f"{name}: status {rtl['status']:#x}"
-            model = simulate(cfg, [prog])["cycles"]
+            model = simulate(cfg, progs)["cycles"]
             err = (model - rtl["cycles"]) / rtl["cycles"]
-            runs.append({"case": name, "config": cfg.name, "clock_mhz": cfg.clock_mhz, "step": kind,
-                         "tokens": tokens, "position": pos, "rtl_cycles": rtl["cycles"],
+            runs.append({"case": name, "config": cfg.name, "clock_mhz": cfg.clock_mhz, "cards": cards,
+                         "step": kind, "tokens": tokens, "position": pos, "rtl_cycles": rtl["cycles"],
                          "model_cycles": model, "error": round(err, 4)})
             log(f"  {name}: {kind} {tokens} token(s) at {pos}: RTL {rtl['cycles']}, model {model} "
                 f"({err:+.1%})")
@@ -453,9 +541,11 @@ def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
                       "error": round(err, 4)})
         log(f"  {op} of {words} words on {cards} cards ({u.name}): RTL {fig['cycles']}, "
             f"model {model} ({err:+.1%})")
-    return {"steps": runs, "collectives": colls,
+    cards = calibrate_card_collectives(log=log, progress=progress) if collectives else []
+    return {"steps": runs, "collectives": colls, "card_collectives": cards,
             "calibration_error": max(abs(r["error"]) for r in runs),
-            "collective_error": max((abs(r["error"]) for r in colls), default=None)}
+            "collective_error": max((abs(r["error"]) for r in colls), default=None),
+            "card_collective_error": max((abs(r["error"]) for r in cards), default=None)}
 
 
 def bench_perf(cfg, *, shapes=("gpt2-medium", "gpt2-large", "gpt2-xl"), cards=(1, 2, 4),

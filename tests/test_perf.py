@@ -2,10 +2,11 @@
 
 - the model's structural constants are the RTL's (pipeline latencies, scoreboard, fetch);
 - it predicts the Verilated card's cycles within 10% on whole decode and prefill steps of the
-  demo model on tiny (medium and 300 MHz are in `gptfpga bench calibrate`, whose figures
-  docs/perf-calibration.json records and this file checks);
+  demo model on tiny, one card and appliances of 2 and 4 (medium and 300 MHz are in `gptfpga
+  bench calibrate`, whose figures docs/perf-calibration.json records and this file checks);
 - its collective cost is within 10% of the collective engine's RTL on decode-sized
-  all-reduces;
+  all-reduces, and of COLLs through the card's collective unit (the recorded calibration,
+  up to a prefill step's all-reduce on u280x4's ring);
 - on several cards the slowest card sets the pace; the model never beats the HBM roofline;
 - `gptfpga perf --json` prints the fields the issue names; bad input gives one line, exit 2.
 """
@@ -45,38 +46,56 @@ def test_constants_are_the_rtls():
 
 def test_model_matches_rtl_on_tiny():
     """Whole prefill, decode and batched decode steps of the demo model on the Verilated tiny
-    card."""
+    card alone and on appliances of 2 and 4 tiny cards (their collective units, the link
+    models: every card's program of the step, the split ones merged as the runtime merges
+    them)."""
     from sim.bench import _calibration_cases, calibrate_perf
     cases = [c for c in _calibration_cases() if c[1].name == "tiny"]
     result = calibrate_perf(cases=cases, collectives=False, log=print)
     for r in result["steps"]:
         assert abs(r["error"]) <= TOL, r
-    assert {r["step"] for r in result["steps"]} == {"prefill", "decode", "batch"}
+    assert {(r["step"], r["cards"]) for r in result["steps"]} == {
+        (step, cards) for step in ("prefill", "decode", "batch") for cards in (1, 2, 4)}
 
 
 def test_recorded_calibration():
     """docs/perf-calibration.json (gptfpga bench calibrate) covers decode and prefill on tiny
-    and medium, every step is within 10% of the RTL, and today's model still gives the
-    recorded model cycles (change the model, re-run the calibration)."""
+    and medium and on appliances of 2 and 4 tiny cards, and COLLs through the card's
+    collective unit; every step and COLL is within 10% of the RTL, and today's model still
+    gives the recorded model cycles (change the model, re-run the calibration)."""
     from host.compiler import CompiledModel
     from host.model import Gpt2
-    from sim.bench import _calibration_cases
+    from sim.bench import _calibration_cases, calibration_programs
     cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
-    seen = {(r["config"], r["step"]) for r in cal["steps"]}
-    assert seen >= {("tiny", "prefill"), ("tiny", "decode"), ("tiny", "batch"), ("medium", "prefill"),
-                    ("medium", "decode")}
+    seen = {(r["config"], r["step"], r["cards"]) for r in cal["steps"]}
+    assert seen >= {("tiny", "prefill", 1), ("tiny", "decode", 1), ("tiny", "batch", 1),
+                    ("medium", "prefill", 1), ("medium", "decode", 1)}
+    assert seen >= {("tiny", step, cards) for step in ("prefill", "decode", "batch") for cards in (2, 4)}
     assert cal["calibration_error"] == max(abs(r["error"]) for r in cal["steps"]) <= TOL
-    cases = {name: (cfg, make, steps) for name, cfg, make, steps in _calibration_cases()}
+    cases = {name: (cfg, make, steps, cards) for name, cfg, make, steps, cards in _calibration_cases()}
+    built = {}
     for r in cal["steps"]:
         assert r["error"] == round((r["model_cycles"] - r["rtl_cycles"]) / r["rtl_cycles"], 4)
-        cfg, make, steps = cases[r["case"]]
-        streams = max([t for k, t, _ in steps if k == "batch"], default=1)
-        cm = CompiledModel(cfg, Gpt2(make().shape, None), streams=streams)
-        if r["step"] == "batch":
-            prog = cm.step_batch([(1, r["position"] + s, s) for s in range(r["tokens"])])
-        else:
-            prog = cm.step([1] * r["tokens"], r["position"])
-        assert perf.simulate(cfg, [prog])["cycles"] == r["model_cycles"], r
+        cfg, make, steps, cards = cases[r["case"]]
+        assert r["cards"] == cards
+        if r["case"] not in built:
+            streams = max([t for k, t, _ in steps if k == "batch"], default=1)
+            model = Gpt2(make().shape, None)
+            built[r["case"]] = [CompiledModel(cfg, model, card=i, cards=cards, streams=streams)
+                                for i in range(cards)]
+        progs = calibration_programs(built[r["case"]], r["step"], r["tokens"], r["position"])
+        assert perf.simulate(cfg, progs)["cycles"] == r["model_cycles"], r
+    # COLLs through the card's collective unit, at the sizes of GPT-2 1.5B on u280x4's ring
+    from sim.bench import CARD_COLL_CASES, coll_calibration_config
+    cfgs = {"tiny": load_config(ROOT / "configs" / "tiny.yaml"),
+            "tiny-u280x4-ring": coll_calibration_config()}
+    rows = cal["card_collectives"]
+    assert [(r["config"], r["op"], r["cards"], r["words"]) for r in rows] == CARD_COLL_CASES
+    assert cal["card_collective_error"] == max(abs(r["error"]) for r in rows) <= TOL
+    for r in rows:
+        assert r["error"] == round((r["model_cycles"] - r["rtl_cycles"]) / r["rtl_cycles"], 4)
+        model = perf.coll_cycles(cfgs[r["config"]], r["cards"], r["words"], op=r["op"])
+        assert model == r["model_cycles"], r
 
 
 @pytest.mark.parametrize("op, cards, words", [("allreduce", 2, 128), ("allreduce", 4, 768),
@@ -103,10 +122,24 @@ def test_model_matches_the_rtl_ring():
     cards.load()
     for tokens, pos in (([5, 6, 7, 8], 0), ([9], 4)):
         rtl = cards.step(tokens, pos, 600)["cycles"]
-        model = perf.simulate(cfg, [cm.step(tokens, pos) for cm in cards.cms])["cycles"]
+        # the programs the cards ran: a split step merged with the lead the runtime chose
+        lead = cards.cms[0].leads.get(len(tokens), 0)
+        model = perf.simulate(cfg, [cm.step(tokens, pos, lead=lead) for cm in cards.cms])["cycles"]
         err = (model - rtl) / rtl
         print(f"2 cards, {len(tokens)} token(s) at {pos}: RTL {rtl}, model {model} ({err:+.1%})")
         assert abs(err) <= TOL
+
+
+@pytest.mark.rtl
+@pytest.mark.parametrize("op, cards, words", [("allgather", 2, 512), ("allgather", 4, 2048),
+                                               ("allreduce", 2, 16), ("allreduce", 4, 2048)])
+def test_card_collective_model_matches_rtl(op, cards, words):
+    """One COLL through the collective unit of Verilated tiny cards (its VSP ports, the own
+    block's copy, the ring's schedule) against ``coll_cycles``; the u280x4 ring's sizes are
+    in the recorded calibration (a Verilator build of their own)."""
+    from sim.bench import calibrate_card_collectives
+    [r] = calibrate_card_collectives(cases=[("tiny", op, cards, words)], log=print)
+    assert abs(r["error"]) <= TOL, r
 
 
 def test_allreduce_what_if():

@@ -1,5 +1,5 @@
-"""What bounds issue 20's two unmet floors, asked of the performance model (docs/performance.md,
-"STOREs a row a cycle" quotes the table). GPT-2 1.5B on 4 u280x4 cards, one step each of:
+"""What bounds issue 20's floors, asked of the performance model (docs/performance.md, "The
+collective unit's own time" quotes the table). GPT-2 1.5B on 4 u280x4 cards, one step each of:
 a decode token at position 66, a decode batch of 8 streams at position 66 (batch 8 / batch 1
 tokens/s = 8 x the first / the second) and a prefill step of 32 tokens at position 32 (its
 cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the first is built:
@@ -22,13 +22,24 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
 - MLP columns moved off the card with 7 heads: 192 of its 1,600 to the other three;
 - every COLL one cycle (a bound: the same programs, their collectives free), alone and with
   decoupled issue of deep queues (64 a unit, 256 scoreboard entries): what the units' own
-  chains leave when nothing waits on a link.
+  chains leave when nothing waits on a link;
+- everything named at once (a bound): the all-gather's sums done by the collective unit as
+  the blocks land (every ADD of 1,024 words or more one cycle), vector operations over many
+  (head, token) segments in one pass (every other VEC below 1,024 words one cycle), the
+  one-beat all-gathers of the LayerNorm statistics free, the collective unit pipelined, the
+  vector unit pipelined and decoupled issue (64, 256);
+- the collective unit's VSP reader and writer without their idle cycle between beats (R
+  cycles a beat, not R + 1: ``Overheads(coll_beat_gap=0)``), and that with a VSP read and
+  write port for each ring direction (``coll_port_dirs=1``): what its own time costs;
+- R = 8: a weight tile meets 8 tokens a cycle (twice the matrix unit's MACs), so a batch of 8
+  is one group, its weights streamed once (not split: split_at leaves no half of two).
 
-    python tools/step_whatifs.py
+    python tools/step_whatifs.py            # every row
+    python tools/step_whatifs.py "R = 8"    # "as built" and the rows whose name holds the text
 """
 
 import sys
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from unittest.mock import patch
@@ -79,6 +90,20 @@ def _one_cycle(*args, **kwargs):
     return 1
 
 
+def _everything_free(vec_cycles, coll_cycles):
+    """The vector and collective costs of the bound 'everything named at once'."""
+    def vec(self, f):
+        name = hp.VOP_BY_CODE[f["vop"]]
+        if (name == "ADD" and f["n"] >= 1024) or (name not in ("ADD", "GELU", "CVT16", "RSQRT")
+                                                  and f["n"] < 1024):
+            return 1
+        return vec_cycles(self, f)
+
+    def coll(cfg, cards, words, **kwargs):
+        return 1 if words < 100 else coll_cycles(cfg, cards, words, **kwargs)
+    return vec, coll
+
+
 def _mlp_off_the_largest(of, moved):
     def partition_of(cls, shape, *, card, cards, lanes):
         p = of(cls, shape, card=card, cards=cards, lanes=lanes)
@@ -101,6 +126,13 @@ def main():
     none = nullcontext()
     cvt_free = patch.object(hp.CardModel, "vec_cycles", _cvt_free(hp.CardModel.vec_cycles))
     slow = cfg.replace(**{"link.latency_cycles": 250})
+    wide = cfg.replace(**{"core.reuse": 8})
+    vec_free, coll_free = _everything_free(hp.CardModel.vec_cycles, hp.coll_cycles)
+
+    @contextmanager
+    def everything():
+        with patch.object(hp.CardModel, "vec_cycles", vec_free), patch.object(hp, "coll_cycles", coll_free):
+            yield
     rows = [  # (name, what it patches, the figures)
         ("as built", none, lambda: figures(cfg, base)),
         ("STOREs an element a cycle (before the row path)",
@@ -126,11 +158,22 @@ def main():
          lambda: figures(cfg, base)),
         ("every COLL one cycle, decoupled issue (64, 256)", patch.object(hp, "coll_cycles", _one_cycle),
          lambda: figures(cfg, base, decoupled=(64, 256))),
+        ("everything named at once (a bound)", everything(),
+         lambda: figures(cfg, base, decoupled=(64, 256), coll_pipelined=True, vec_pipelined=True)),
+        ("the collective unit at R cycles a beat (no idle cycle between beats)", none,
+         lambda: figures(cfg, base, overheads=hp.Overheads(coll_beat_gap=0))),
+        ("the collective unit at R cycles a beat, a VSP port per ring direction", none,
+         lambda: figures(cfg, base, overheads=hp.Overheads(coll_beat_gap=0, coll_port_dirs=1))),
+        ("R = 8: a batch of 8 one group, its weights streamed once", none,
+         lambda: figures(wide, programs(wide))),
     ]
     print("| what-if, GPT-2 1.5B, 4 u280x4 cards | decode step, 1 token | batch step, 8 streams "
           "| batch 8 / batch 1 tokens/s | prefill step of 32, cycles a token |")
     print("|---|---|---|---|---|")
+    only = sys.argv[1] if len(sys.argv) > 1 else None
     for name, patched, run in rows:
+        if only is not None and name != "as built" and only not in name:
+            continue
         with patched:
             c1, c8, ratio, per = run()
         print(f"| {name} | {c1:,} | {c8:,} | {ratio:.2f}x | {per:,.0f} |", flush=True)

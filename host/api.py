@@ -503,7 +503,9 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
         ``decode_cycles_per_token``, ``decode_ms_per_token``, ``prefill_*``, ``total_ms``,
         ``hbm_roofline_fraction`` and the inputs; ``source`` says the figures are projected,
         not measured, and ``calibration_error`` how far the model was from the Verilated
-        card on its calibration runs (docs/perf-calibration.json).
+        card on its calibration runs (docs/perf-calibration.json); ``collective_model_error``
+        and ``card_collective_model_error`` the same for the collective engine alone and for
+        COLLs through the card's collective unit.
     """
     from .model import SHAPES, Gpt2Shape, load_shape
     from .perf import StepCosts, predict, simulate, trace_table
@@ -545,6 +547,7 @@ def perf(config=None, model_shape="gpt2", *, cards=None, prompt_tokens=32, new_t
     out = {"config": cfg.name, "model_shape": name, **r,
            "calibration_error": cal.get("calibration_error"),
            "collective_model_error": cal.get("collective_error"),
+           "card_collective_model_error": cal.get("card_collective_error"),
            "source": "projected by the performance model, not measured"}
     if trace:
         # the first decode step (at the last position when the prompt fills the context, as

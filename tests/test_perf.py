@@ -360,10 +360,11 @@ def test_cli_perf_json():
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     for key in ("decode_ms_per_token", "prefill_ms_per_token", "hbm_roofline_fraction",
-                "calibration_error"):
+                "calibration_error", "card_collective_model_error"):
         assert key in r, key
     cal = json.loads((ROOT / "docs" / "perf-calibration.json").read_text())
     assert r["calibration_error"] == cal["calibration_error"]
+    assert r["card_collective_model_error"] == cal["card_collective_error"]
     assert r["cards"] == 4 and r["decode_ms_per_token"] > 0 and 0 < r["hbm_roofline_fraction"] <= 1
     assert r["decode_ms_per_token"] == pytest.approx(r["decode_cycles_per_token"] / 200e3, abs=1e-4)
     # one stream: tokens per second is the inverse of the decode time

@@ -487,8 +487,10 @@ def calibrate_card_collectives(*, cases=CARD_COLL_CASES, log=print, progress=Non
 
 
 def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
-    """The performance model against the Verilated card's cycle counter, step by step; and the
-    collective model against the collective engine's RTL for decode-sized all-reduces."""
+    """The performance model against the Verilated card's cycle counter, step by step (one card,
+    or every card of a tiny appliance); the collective model against the collective engine's
+    RTL for decode-sized all-reduces; and with ``collectives`` also COLLs through the card's
+    collective unit (``calibrate_card_collectives``)."""
     from host.compiler import CompiledModel
     from host.perf import coll_cycles, simulate
     from sim.fabric import run_collective

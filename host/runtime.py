@@ -162,7 +162,7 @@ class Cards:
         """One step of stream ``stream`` on every card; returns the counters summed over the
         cards (cycles: the slowest card's)."""
         from .compiler.tune import step_programs
-        return self._run(step_programs(self.cms, tokens, pos0, stream), pos0, timeout_s)
+        return self.run(step_programs(self.cms, tokens, pos0, stream), pos0, timeout_s)
 
     def prefill(self, ids, timeout_s, stats, progress, what, stream=0):
         """A prompt's prefill in steps of T tokens (stream ``stream``), each step's counters
@@ -180,10 +180,13 @@ class Cards:
     def step_batch(self, batch, timeout_s):
         """One decode step of several streams, ``batch`` = [(token, position, stream)]
         (CompiledModel.step_batch); the counters as ``step``'s."""
-        return self._run([cm.step_batch(batch) for cm in self.cms], max(p for _, p, _ in batch),
-                         timeout_s)
+        return self.run([cm.step_batch(batch) for cm in self.cms], max(p for _, p, _ in batch),
+                        timeout_s)
 
-    def _run(self, progs, pos0, timeout_s):
+    def run(self, progs, pos0, timeout_s):
+        """Run one program per card (``progs``, in card order) together, the step at ``pos0``
+        (for the messages); the counters as ``step``'s, a CardError if a card stops with an
+        error or does not finish within ``timeout_s``."""
         from .device import DeviceError, DeviceTimeout, status_name
         try:
             if self.ring is None:

@@ -449,34 +449,45 @@ CARD_COLL_CASES = ([("tiny", op, n, w) for op in ("allgather", "allreduce") for 
                       for n in (2, 4) for w in ws])
 
 
+def card_coll_configs():
+    """The configs of ``CARD_COLL_CASES`` by name."""
+    from gen.config import load_config
+    return {"tiny": load_config(ROOT / "configs" / "tiny.yaml"),
+            "tiny-u280x4-ring": coll_calibration_config()}
+
+
+def card_coll_dst(words):
+    """Where a card-COLL case puts its result in the VSP (its input at word 0)."""
+    return -(-words // 64) * 64
+
+
 def calibrate_card_collectives(*, cases=CARD_COLL_CASES, log=print, progress=None):
     """COLLs on the VSP through the card's collective unit on the Verilated appliance (every
     card the same COLL and HALT, less a HALT alone) against ``host.perf.coll_cycles``."""
-    from gen.config import load_config
     from host.perf import coll_cycles
     from sim.progs import Layout
     from sim.system import RtlAppliance, build_card
-    cfgs = {"tiny": load_config(ROOT / "configs" / "tiny.yaml"),
-            "tiny-u280x4-ring": coll_calibration_config()}
+    cfgs = card_coll_configs()
     progress = progress or quiet()
-    rows, libs = [], {}
+    rows, libs, halt = [], {}, {}
+
+    def cycles(name, cards, prog):
+        cfg = cfgs[name]
+        app = RtlAppliance(cfg, cards, lib=libs[name])
+        st = app.run([prog] * cards, Layout(cfg).prog_addr, timeout_s=900)
+        if any(x & 0xFF for x in st):
+            raise RuntimeError(f"{name}, {cards} cards: status {st} running {len(prog)} instructions")
+        return max(d.counters()["cycles"] for d in app.devices)
     for name, op, cards, words in cases:
         cfg = cfgs[name]
         if name not in libs:
             progress.note(f"{name}: building the Verilated card")
             libs[name] = build_card(cfg, log=log)[0]
         progress.step(f"{op} of {words} words on {cards} {name} cards (the card's unit)")
-        lay = Layout(cfg)
-        dst = -(-words // 64) * 64
-        coll = encode("COLL", cop=0 if op == "allgather" else 2, src=0, dst=dst, n=words)
-        cyc = []
-        for prog in ([coll, encode("HALT")], [encode("HALT")]):
-            app = RtlAppliance(cfg, cards, lib=libs[name])
-            st = app.run([prog] * cards, lay.prog_addr, timeout_s=900)
-            if any(x & 0xFF for x in st):
-                raise RuntimeError(f"{op} of {words} words on {cards} cards: status {st}")
-            cyc.append(max(d.counters()["cycles"] for d in app.devices))
-        rtl = cyc[0] - cyc[1]
+        if (name, cards) not in halt:                  # a HALT alone: the start and the end
+            halt[name, cards] = cycles(name, cards, [encode("HALT")])
+        coll = encode("COLL", cop=0 if op == "allgather" else 2, src=0, dst=card_coll_dst(words), n=words)
+        rtl = cycles(name, cards, [coll, encode("HALT")]) - halt[name, cards]
         model = coll_cycles(cfg, cards, words, op=op)
         err = (model - rtl) / rtl
         rows.append({"config": name, "op": op, "cards": cards, "words": words, "rtl_cycles": rtl,
@@ -491,10 +502,9 @@ def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
     or every card of a tiny appliance); the collective model against the collective engine's
     RTL for decode-sized all-reduces; and with ``collectives`` also COLLs through the card's
     collective unit (``calibrate_card_collectives``)."""
-    from host.compiler import CompiledModel
     from host.perf import coll_cycles, simulate
+    from host.runtime import make_cards
     from sim.fabric import run_collective
-    from sim.system import RtlAppliance, RtlDevice
     runs = []
     progress = progress or quiet()
     cases = cases or _calibration_cases()
@@ -505,23 +515,13 @@ def calibrate_perf(*, log=print, cases=None, collectives=True, progress=None):
     for name, cfg, make, steps, cards in cases:
         progress.note(f"{name}: compiling, building the Verilated card")
         streams = max([t for k, t, _ in steps if k == "batch"], default=1)
-        model_ = make()
-        cms = [CompiledModel(cfg, model_, card=i, cards=cards, streams=streams) for i in range(cards)]
-        ring = RtlAppliance(cfg, cards) if cards > 1 else None
-        devs = ring.devices if ring else [RtlDevice(cfg)]
-        for cm, dev in zip(cms, devs, strict=True):
-            cm.load(dev)
+        appliance = make_cards(cfg, make(), "rtl", cards, streams=streams)
+        appliance.load()
         for kind, tokens, pos in steps:
             progress.step(f"{name}: {kind} at {pos}")
-            tokens = tokens or cms[0].T
-            progs = calibration_programs(cms, kind, tokens, pos)
-            if ring:
-                status = ring.run(progs, [cm.prog_addr for cm in cms], timeout_s=3600)
-                rtl = {"status": max(st & 0xFF for st in status),
-                       "cycles": max(dev.counters()["cycles"] for dev in devs)}
-            else:
-                rtl = devs[0].run(progs[0], cms[0].prog_addr, timeout_s=3600)
-            assert rtl["status"] & 0xFF == 0, f"{name}: status {rtl['status']:#x}"
+            tokens = tokens or appliance.T
+            progs = calibration_programs(appliance.cms, kind, tokens, pos)
+            rtl = appliance.run(progs, pos, timeout_s=3600)     # (a CardError if a card fails)
             model = simulate(cfg, progs)["cycles"]
             err = (model - rtl["cycles"]) / rtl["cycles"]
             runs.append({"case": name, "config": cfg.name, "clock_mhz": cfg.clock_mhz, "cards": cards,

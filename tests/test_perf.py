@@ -86,9 +86,8 @@ def test_recorded_calibration():
         progs = calibration_programs(built[r["case"]], r["step"], r["tokens"], r["position"])
         assert perf.simulate(cfg, progs)["cycles"] == r["model_cycles"], r
     # COLLs through the card's collective unit, at the sizes of GPT-2 1.5B on u280x4's ring
-    from sim.bench import CARD_COLL_CASES, coll_calibration_config
-    cfgs = {"tiny": load_config(ROOT / "configs" / "tiny.yaml"),
-            "tiny-u280x4-ring": coll_calibration_config()}
+    from sim.bench import CARD_COLL_CASES, card_coll_configs
+    cfgs = card_coll_configs()
     rows = cal["card_collectives"]
     assert [(r["config"], r["op"], r["cards"], r["words"]) for r in rows] == CARD_COLL_CASES
     assert cal["card_collective_error"] == max(abs(r["error"]) for r in rows) <= TOL

@@ -16,7 +16,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gen.config import load_config  # noqa: E402
 from sim import bench  # noqa: E402
 
 SIZES = {"tiny": (16, 128, 512, 1024, 1600, 2048, 4096, 6400),
@@ -24,14 +23,12 @@ SIZES = {"tiny": (16, 128, 512, 1024, 1600, 2048, 4096, 6400),
 
 
 def cases():
-    cfgs = {"tiny": load_config(ROOT / "configs" / "tiny.yaml"),
-            "tiny-u280x4-ring": bench.coll_calibration_config()}
     out = []
-    for name, cfg in cfgs.items():
+    for name, cfg in bench.card_coll_configs().items():
         for cards in (2, 3, 4):
             for op in ("allgather", "allreduce"):
                 for words in SIZES[name]:
-                    dst = -(-words // 64) * 64
+                    dst = bench.card_coll_dst(words)
                     if dst + (words * cards if op == "allgather" else dst) <= cfg.core.vsp_words:
                         out.append((name, op, cards, words))
     return out

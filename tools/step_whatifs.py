@@ -25,7 +25,8 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
   chains leave when nothing waits on a link;
 - everything named at once (a bound): the all-gather's sums done by the collective unit as
   the blocks land (every ADD of 1,024 words or more one cycle), vector operations over many
-  (head, token) segments in one pass (every other VEC below 1,024 words one cycle), the
+  (head, token) segments in one pass (every other VEC below 1,024 words but GELU, CVT16 and
+  RSQRT one cycle), the
   one-beat all-gathers of the LayerNorm statistics free, the collective unit pipelined, the
   vector unit pipelined and decoupled issue (64, 256);
 - the collective unit's VSP reader and writer without their idle cycle between beats (R

@@ -108,10 +108,10 @@ class Overheads:
     coll_step_port: int = 2    # ... and per VSP cycle of a beat (the reader's and writer's turn)
     coll_slack: int = 16       # beats a received frame is sent on ahead of its VSP writes
     coll_copy_row: int = 3     # all-gather's own block: cycles a row (read, register, write)
-    coll_beat_gap: int = 1     # the unit's VSP reader and writer: idle cycles between beats
+    coll_beat_gap: int = 0     # the unit's VSP reader and writer: idle cycles between beats (1 before)
     coll_port_dirs: int = 2    # ring directions sharing the unit's VSP read and write port
     coll_ag_wait: float = 0.25  # all-gather: share of each later step's latency the writes wait
-    coll_ag_write: float = 1.1  # all-gather: the writer's cycles a beat over its R + 1
+    coll_ag_write: float = 1.1  # all-gather: the writer's cycles a beat over its R
     coll_ar_port: float = 0.9   # all-reduce: the rounds' segments through the ports, overlapped
 
 
@@ -579,19 +579,19 @@ def coll_cycles(cfg, cards, words, *, overheads=Overheads(), algorithm="ring", c
 
 def _card_coll_cycles(cfg, cards, words, o, op):
     """A COLL on the VSP through the card's collective unit (``coll_cycles``' default): the
-    geometry's setup, an all-gather's copy of its own block, then the ring's schedule. The
-    VSP's one read port and one write port serve both ring directions, a beat at a time,
-    R rows a beat and a cycle between beats (hw/core/coll.py's VspBeatReader and
-    VspBeatWriter: R + 1 cycles a beat); a frame is taken whole (its CRC) before it is
-    added to, written or sent on; a step costs the link's latency and the engine's time.
-    Two bounds: the chain of a segment's first frame through every step (each sent on as
-    it is written, or as its operands are read in reduce-scatter rounds, and then the rest
-    of the segment behind it), and the ports' work (all-gather: the N - 1 blocks written,
-    behind the first step's latency and part of the others'; all-reduce: every round's segment
-    through a port in turn). Fitted to COLLs of 16 to 51,200 words on 2 to 4 Verilated cards
-    of two regimes (tiny's unidirectional ring at 4 VSP rows a beat; u280x4's link, ring and
-    vector lanes on a small core: a row a beat, both ways): tools/card_collectives.py's 113
-    within 10.7%, 3.1% rms; the sizes GPT-2 1.5B uses on u280x4 within 5.4%."""
+    geometry's setup, an all-gather's copy of its own block, then the ring's schedule. The VSP's
+    one read port and one write port serve both ring directions, a beat at a time, R rows a beat
+    (hw/core/coll.py's VspBeatReader and VspBeatWriter: R cycles a beat; R + 1 before they took
+    the next beat in the cycle of the last row: ``coll_beat_gap``); a frame is taken whole (its
+    CRC) before it is added to, written or sent on; a step costs the link's latency and the
+    engine's time. Two bounds: the chain of a segment's first frame through every step (each
+    sent on as it is written, or as its operands are read in reduce-scatter rounds, and then
+    the rest of the segment behind it), and the ports' work (all-gather: the N - 1 blocks
+    written, behind the first step's latency and part of the others'; all-reduce: every round's
+    segment through a port in turn). Fitted to COLLs of 16 to 51,200 words on 2 to 4 Verilated
+    cards of two regimes (tiny's unidirectional ring at 4 VSP rows a beat; u280x4's link, ring
+    and vector lanes on a small core: a row a beat, both ways): tools/card_collectives.py's 113
+    within 10.6%, 3.4% rms; the sizes GPT-2 1.5B uses on 4 u280x4 cards within 5.9%."""
     beat = cfg.link.data_bits // 8
     B = beat // 4
     nb = beats(words, B)

@@ -20,10 +20,11 @@ division per part and a running remainder. Then:
 
 The node's three memory ports per ring direction share one VSP read port and one VSP write
 port of this unit, arbitrated round-robin per beat; each beat is R row accesses and the
-reader and writer take a beat every R + 1 cycles (a cycle between beats), so with both ring
-directions running each moves a beat every 2(R + 1) cycles: on u280x4 (R = 1) a quarter of
-the link's 62.5 B/cycle once a message outgrows the link latency (measured, and modelled by
-host/perf.py: docs/performance.md, "The collective unit's own time").
+reader and writer take a beat every R cycles (the next beat's rows follow the last row of
+the one before without a gap), so with both ring directions running each moves a beat every
+2R cycles: on u280x4 (R = 1) half the link's 62.5 B/cycle once a message outgrows the link
+latency (measured, and modelled by host/perf.py: docs/performance.md, "The collective unit's
+own time" and "The collective unit without its idle cycle").
 
 With the COLL's ``hbm`` bit, src and dst are HBM stripe rows and the node's ports go to HBM
 instead (hw/dma/beats.py, shared with the DMA on every channel by hw/dma/mux.py): each read
@@ -341,10 +342,11 @@ class VspBeatReader(wiring.Component):
     en : In(1)  the node runs on the VSP: requests are taken, rows read, beats delivered
     busy : Out(1)  a beat is being read or awaits its rows
 
-    Timing: a request is taken in the cycle it is granted (when no other beat's rows are
-    being asked for and fewer than 4 beats are in flight); its rows are asked for from the
-    next cycle, one per cycle the VSP grants; the beat goes back in the cycle its last row
-    comes in.
+    Timing: a request is taken in the cycle it is granted (when fewer than 2 wait and fewer
+    than 4 beats are in flight: registered state, never the VSP's grant); its rows are asked
+    for from the cycle after the last row of the beat before (or after it was taken), one per
+    cycle the VSP grants, so a beat takes R cycles; the beat goes back in the cycle its last
+    row comes in.
     """
 
     def __init__(self, *, data_bits, lanes, row_bits):
@@ -364,39 +366,49 @@ class VspBeatReader(wiring.Component):
         m.submodules.arb = arb = StreamArbiter(32, count=4)
         for q, port in enumerate(self.ports):
             wiring.connect(m, wiring.flipped(port.req), arb.i[q])
+        # Requests wait in `reqs` for the beat before to have its rows asked for: a request is
+        # taken on registered state only (the FIFOs' levels), never on the VSP's grant, and the
+        # next beat's rows are asked for in the cycle after the last row of the one before.
+        reqs = SyncFIFO(width=DIV_BITS + 1 + 2, depth=2)
         route = SyncFIFO(width=2, depth=4)                # the port of each beat being read
-        m.submodules.route = route
+        m.submodules.reqs, m.submodules.route = reqs, route
+        m.d.comb += arb.o.ready.eq(self.en & reqs.w_rdy & route.w_rdy)
+        take = arb.o.valid & arb.o.ready
+        m.d.comb += [reqs.w_en.eq(take), reqs.w_data.eq(Cat(arb.o.payload[0:DIV_BITS + 1], arb.grant)),
+                     route.w_en.eq(take), route.w_data.eq(arb.grant)]
         busy, r_j = Signal(), Signal(range(max(R, 2)))   # (never a zero-width wire)
+        r_end = (r_j == R - 1) if R > 1 else Const(1)
         r_row, r_word, r_lim = Signal(len(self.rd.req.payload) + 1), Signal(30), Signal(30)
         r_mask = Signal(P)
-        m.d.comb += arb.o.ready.eq(self.en & ~busy & route.w_rdy)
-        take = arb.o.valid & arb.o.ready
-        beat_addr = arb.o.payload[0:DIV_BITS + 1]
-        m.d.comb += [route.w_en.eq(take), route.w_data.eq(arb.grant)]
-        with m.If(take):
-            m.d.sync += [busy.eq(1), r_j.eq(0), r_word.eq(beat_addr << _log2(self.B))]
-            with m.Switch(arb.grant):
-                for q in range(4):
-                    with m.Case(q):
-                        m.d.sync += [r_row.eq(self.base[q] + (beat_addr << lr)), r_lim.eq(self.limit[q])]
-        word_now = r_word + (r_j << _log2(P))
+        word_now = r_word + (r_j << _log2(P)) if R > 1 else r_word
         past = word_now >= r_lim
         m.d.comb += [self.rd.req.valid.eq(busy),
-                     self.rd.req.payload.eq(Mux(past, self.pad_row, r_row + r_j))]
-        with m.If(self.en & busy & self.rd.req.ready):
+                     self.rd.req.payload.eq(Mux(past, self.pad_row, r_row + r_j if R > 1 else r_row))]
+        asked = self.en & busy & self.rd.req.ready
+        with m.If(asked):
             m.d.sync += r_mask.eq(_lane_mask(word_now, r_lim, P))
-            with m.If(r_j == R - 1):
+            with m.If(r_end):
                 m.d.sync += busy.eq(0)
             with m.Else():
                 m.d.sync += r_j.eq(r_j + 1)
+        load = self.en & reqs.r_rdy & (~busy | (asked & r_end))
+        beat_addr, q_of = reqs.r_data[0:DIV_BITS + 1], reqs.r_data[DIV_BITS + 1:]
+        m.d.comb += reqs.r_en.eq(load)
+        with m.If(load):                                  # (after the block above: it wins)
+            m.d.sync += [busy.eq(1), r_j.eq(0), r_word.eq(beat_addr << _log2(self.B))]
+            with m.Switch(q_of):
+                for q in range(4):
+                    with m.Case(q):
+                        m.d.sync += [r_row.eq(self.base[q] + (beat_addr << lr)), r_lim.eq(self.limit[q])]
         # collector: R rows make a beat, row 0 in the low bits
-        acc = Signal(D)
-        a_j = Signal(range(max(R, 2)))
+        acc, a_j = Signal(D if R > 1 else 1), Signal(range(max(R, 2)))
+        a_end = (a_j == R - 1) if R > 1 else Const(1)
         row_in = _masked(self.rd.resp.payload, r_mask)
         beat = Cat(acc[32 * P:], row_in) if R > 1 else row_in
-        deliver = self.en & self.rd.resp.valid & (a_j == R - 1)
-        with m.If(self.en & self.rd.resp.valid):
-            m.d.sync += [acc.eq(beat), a_j.eq(Mux(a_j == R - 1, 0, a_j + 1))]
+        deliver = self.en & self.rd.resp.valid & a_end
+        if R > 1:
+            with m.If(self.en & self.rd.resp.valid):
+                m.d.sync += [acc.eq(beat), a_j.eq(Mux(a_end, 0, a_j + 1))]
         m.d.comb += route.r_en.eq(deliver)
         for q, port in enumerate(self.ports):
             m.d.comb += [port.resp.valid.eq(deliver & (route.r_data == q)), port.resp.payload.eq(beat)]
@@ -425,8 +437,10 @@ class VspBeatWriter(wiring.Component):
     x_room : In(1)  the copy takes a row (a row is written only with room for its copy)
     x_push : Out(1); x_word : Out(ADDR_BITS); x_data : Out(32 * lanes)  the row to copy
 
-    Timing: a beat is taken when no other is being written; its rows are asked for from the
-    next cycle, one per cycle the VSP grants (and, with ``x16``, the copy has room).
+    Timing: a beat is taken when none is being written or in the cycle the last row of the one
+    before is granted (``beats.ready`` follows the VSP's write grant in that cycle); its rows
+    are asked for from the next cycle, one per cycle the VSP grants (and, with ``x16``, the
+    copy has room), so a beat takes R cycles. The row asked for is a register, not a sum.
     """
 
     def __init__(self, *, data_bits, lanes, row_bits):
@@ -443,26 +457,31 @@ class VspBeatWriter(wiring.Component):
         m = Module()
         P, R = self.P, self.R
         busy, w_j = Signal(), Signal(range(max(R, 2)))
-        w_row, w_buf = Signal(len(self.wr.req.payload.row) + 1), Signal(self.D)
+        w_end = (w_j == R - 1) if R > 1 else Const(1)
+        w_row, w_buf = Signal(len(self.wr.req.payload.row)), Signal(self.D)   # the row asked for
         x_word = Signal(ADDR_BITS)             # the XB word of the row being written
-        m.d.comb += self.beats.ready.eq(self.en & ~busy)
-        with m.If(self.beats.valid & self.beats.ready):
-            rel = self.beats.payload.addr[0:DIV_BITS + 1] << _log2(R)    # the beat's first row
-            m.d.sync += [busy.eq(1), w_j.eq(0), w_buf.eq(self.beats.payload.data),
-                         w_row.eq(self.base + rel), x_word.eq(self.xbase + (rel << _log2(P)))]
         go = busy & (~self.x16 | self.x_room)
-        m.d.comb += [self.wr.req.valid.eq(go), self.wr.req.payload.row.eq(w_row + w_j),
+        m.d.comb += [self.wr.req.valid.eq(go), self.wr.req.payload.row.eq(w_row),
                      self.wr.req.payload.data.eq(w_buf[0:32 * P]),
                      self.x_word.eq(x_word), self.x_data.eq(w_buf[0:32 * P])]
         with m.If(busy):
             m.d.comb += self.wr.req.payload.mask.eq(Const((1 << P) - 1, P))    # whole rows
-        with m.If(self.en & go & self.wr.req.ready):
+        wrote = self.en & go & self.wr.req.ready
+        with m.If(wrote):
             m.d.comb += self.x_push.eq(self.x16)
-            m.d.sync += [w_buf.eq(w_buf >> (32 * P)), x_word.eq(x_word + P)]
-            with m.If(w_j == R - 1):
+            m.d.sync += [w_row.eq(w_row + 1), x_word.eq(x_word + P)]
+            if R > 1:
+                m.d.sync += w_buf.eq(w_buf >> (32 * P))
+            with m.If(w_end):
                 m.d.sync += busy.eq(0)
             with m.Else():
                 m.d.sync += w_j.eq(w_j + 1)
+        # the next beat is taken in the cycle the last row of the one before is written
+        m.d.comb += self.beats.ready.eq(self.en & (~busy | (wrote & w_end)))
+        with m.If(self.beats.valid & self.beats.ready):  # (after the block above: it wins)
+            rel = self.beats.payload.addr[0:DIV_BITS + 1] << _log2(R)    # the beat's first row
+            m.d.sync += [busy.eq(1), w_j.eq(0), w_buf.eq(self.beats.payload.data),
+                         w_row.eq(self.base + rel), x_word.eq(self.xbase + (rel << _log2(P)))]
         m.d.comb += self.busy.eq(busy)
         return m
 

@@ -13,6 +13,7 @@ docs/performance.md, "The collective unit without its idle cycle", quotes the fi
     python tools/coll_port_paths.py writer 2048 # one of them, link beats of 2,048 bits (R = 4)
 """
 
+import re
 import subprocess
 import sys
 import tempfile
@@ -125,7 +126,7 @@ def main():
     data_bits = int(sys.argv[2]) if len(sys.argv) > 2 else 512
     for w in which:
         cells, report = longest_path(w, data_bits)
-        path = [line.strip() for line in report.splitlines() if line.strip()[:1].isdigit()]
+        path = [line.strip() for line in report.splitlines() if re.match(r"\s*\d+: ", line)]
         print(f"{w}, link beat {data_bits} bits (R = {data_bits // 32 // LANES}): {cells} cells, "
               f"from {path[0].split(': ', 1)[1]}", flush=True)
         print("  " + "\n  ".join(path))

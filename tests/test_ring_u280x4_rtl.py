@@ -5,11 +5,9 @@ directions, on a small core with u280x4's link, ring and vector lanes
 one direction). The same COLL program as there against the ISS ring, bit for bit; and the
 collective unit's time at a decode token's all-gather against the performance model."""
 
-import numpy as np
 import pytest
-from test_ring_cards_rtl import _run_both
+from test_ring_cards_rtl import _run_both, assert_rings_agree
 
-from host.stripes import read_stripes
 from sim.bench import coll_calibration_config
 
 TOL = 0.10          # as tests/test_perf.py holds the model to the tiny cards' COLLs
@@ -29,18 +27,7 @@ def ring_lib(ring):
 
 def test_coll_matches_iss_ring_at_a_row_a_beat(ring, ring_lib, seed):
     cards = 4
-    lay, prog, iss, rtl, st_iss, st_rtl = _run_both(ring, cards, seed + cards, ring_lib)
-    assert st_iss == [(len(prog) - 1) << 8] * cards, st_iss
-    assert st_rtl == st_iss
-    for i in range(cards):
-        a = read_stripes(iss.devices[i], ring, lay.dump_row, lay.dump_rows)
-        b = read_stripes(rtl.devices[i], ring, lay.dump_row, lay.dump_rows)
-        bad = np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))
-        assert bad.size == 0, f"card {i}: {bad.size} VSP words differ, first at word {bad[:8]}"
-        ci, cr = iss.devices[i].counters(), rtl.devices[i].counters()
-        for k in ("link_tx_bytes", "link_rx_bytes", "insns"):
-            assert cr[k] == ci[k], (i, k, cr[k], ci[k])
-    assert rtl.link_stats()["bad_crc_frames"] == 0
+    assert_rings_agree(ring, cards, *_run_both(ring, cards, seed + cards, ring_lib))
 
 
 @pytest.mark.parametrize("op, words", [("allgather", 1600), ("allreduce", 1600)])

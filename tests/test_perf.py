@@ -135,7 +135,8 @@ def test_model_matches_the_rtl_ring():
 def test_card_collective_model_matches_rtl(op, cards, words):
     """One COLL through the collective unit of Verilated tiny cards (its VSP ports, the own
     block's copy, the ring's schedule) against ``coll_cycles``; the u280x4 ring's are in
-    tests/test_ring_u280x4_rtl.py (a Verilator build of their own) and the recorded calibration."""
+    tests/test_ring_u280x4_rtl.py (make soak: a Verilator build of their own) and the recorded
+    calibration."""
     from sim.bench import calibrate_card_collectives
     [r] = calibrate_card_collectives(cases=[("tiny", op, cards, words)], log=print)
     assert abs(r["error"]) <= TOL, r

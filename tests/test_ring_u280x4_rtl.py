@@ -3,7 +3,8 @@ reader's, collector's and writer's one-row branches in hw/core/coll.py) and both
 directions, on a small core with u280x4's link, ring and vector lanes
 (``sim.bench.coll_calibration_config``; tiny, which test_ring_cards_rtl.py runs, has R = 4 and
 one direction). The same COLL program as there against the ISS ring, bit for bit; and the
-collective unit's time at a decode token's all-gather against the performance model."""
+collective unit's time at a decode token's all-gather against the performance model.
+In ``make soak``: the card's Verilator build takes about 6 minutes, too long for make test."""
 
 import pytest
 from test_ring_cards_rtl import _run_both, assert_rings_agree
@@ -11,6 +12,8 @@ from test_ring_cards_rtl import _run_both, assert_rings_agree
 from sim.bench import coll_calibration_config
 
 TOL = 0.10          # as tests/test_perf.py holds the model to the tiny cards' COLLs
+
+pytestmark = pytest.mark.soak
 
 
 @pytest.fixture(scope="module")

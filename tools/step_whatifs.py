@@ -30,9 +30,9 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
   one-beat all-gathers of the LayerNorm statistics free, the collective unit pipelined, the
   vector unit pipelined and decoupled issue (64, 256);
 - the collective unit's VSP reader and writer as they were, with an idle cycle between beats
-  (R + 1 cycles a beat, not R: ``Overheads(coll_beat_gap=1)``); and, as built, a VSP read
-  and write port for each ring direction (``coll_port_dirs=1``, not built): what its own time
-  costs;
+  (R + 1 cycles a beat, not R: ``Overheads(coll_beat_gap=1)``); and the unit as it is with a
+  VSP read and write port for each ring direction (``coll_port_dirs=1``, not built): what its
+  own time costs;
 - R = 8: a weight tile meets 8 tokens a cycle (twice the matrix unit's MACs), so a batch of 8
   is one group, its weights streamed once (not split: split_at leaves no half of two).
 

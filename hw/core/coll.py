@@ -401,14 +401,15 @@ class VspBeatReader(wiring.Component):
                     with m.Case(q):
                         m.d.sync += [r_row.eq(self.base[q] + (beat_addr << lr)), r_lim.eq(self.limit[q])]
         # collector: R rows make a beat, row 0 in the low bits
-        acc, a_j = Signal(D if R > 1 else 1), Signal(range(max(R, 2)))
-        a_end = (a_j == R - 1) if R > 1 else Const(1)
         row_in = _masked(self.rd.resp.payload, r_mask)
-        beat = Cat(acc[32 * P:], row_in) if R > 1 else row_in
-        deliver = self.en & self.rd.resp.valid & a_end
         if R > 1:
+            acc, a_j = Signal(D), Signal(range(R))
+            a_end, beat = a_j == R - 1, Cat(acc[32 * P:], row_in)
             with m.If(self.en & self.rd.resp.valid):
                 m.d.sync += [acc.eq(beat), a_j.eq(Mux(a_end, 0, a_j + 1))]
+        else:                                             # a row is a beat
+            a_end, beat = Const(1), row_in
+        deliver = self.en & self.rd.resp.valid & a_end
         m.d.comb += route.r_en.eq(deliver)
         for q, port in enumerate(self.ports):
             m.d.comb += [port.resp.valid.eq(deliver & (route.r_data == q)), port.resp.payload.eq(beat)]

@@ -686,6 +686,39 @@ def trace_table(programs, result):
     return rows
 
 
+def critical_chain(programs, result, card=0):
+    """What one card's step waited on, from a traced ``simulate``: the chain walked back from
+    the card's instruction that ends last to its first, each step to what held the
+    instruction's issue (the instruction ``held_by`` names) or, where nothing did, to the one
+    before it in order. Each instruction on the chain is charged the cycles from where the
+    chain leaves it (the end of the instruction it held, or the issue of the one after it)
+    back to where it joins its predecessor (that one's end, or its own issue), so the charges
+    add up to the cycles from the first instruction's issue to the last end. Returns
+    [(what, cycles, instructions)], the most cycles first; ``what`` is the opcode,
+    ``VEC <op>`` or ``COLL <all-gather|all-reduce> of <n> words``."""
+    rows = [r for r in trace_table(programs, result) if r["card"] == card]
+    by_pc = {r["pc"]: r for r in rows}
+    cycles, count = {}, {}
+
+    def what(r):
+        if r["op"] == "VEC":
+            return f"VEC {VOP_BY_CODE[r['vop']]}"
+        if r["op"] == "COLL":
+            return f"COLL {'all-gather' if r['cop'] == 0 else 'all-reduce'} of {r['n']} words"
+        return r["op"]
+
+    cur = max(rows, key=lambda r: (r["done"], r["pc"]))
+    until = cur["done"]
+    while cur is not None:
+        held = by_pc.get(cur.get("held_by"))
+        joins = min(held["done"] if held is not None else cur["issue"], until)
+        k = what(cur)
+        cycles[k] = cycles.get(k, 0) + until - joins
+        count[k] = count.get(k, 0) + 1
+        cur, until = (held if held is not None else by_pc.get(cur["pc"] - 1)), joins
+    return sorted(((k, cycles[k], count[k]) for k in cycles), key=lambda x: (-x[1], x[0]))
+
+
 # -- whole generations ---------------------------------------------------------------------------
 # DFX (Hong et al., MICRO'22), 4 x U280 at 200 MHz, FP16: figures read from the paper
 # (../shared/references.md); decode ms per output token, prefill ms per input token.

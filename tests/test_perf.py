@@ -426,3 +426,25 @@ def test_cli_perf_bad_input(args, needle):
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr, p.stderr
+
+
+def test_critical_chain_follows_what_held_issue_and_adds_up():
+    """perf.critical_chain walks back from the instruction that ends last: two COLLs (the
+    second held by the collective unit) end after two EXPs that wait on each other, so the
+    chain is the two COLLs and its charges add up to the first issue to the last end."""
+    from hw.isa import encode
+    cfg = load_config(ROOT / "configs" / "tiny.yaml")
+    prog = [encode("COLL", cop=0, src=0, dst=1024, n=64), encode("COLL", cop=0, src=2048, dst=4096, n=64),
+            encode("VEC", vop="EXP", dst=8192, src1=8192, n=64),
+            encode("VEC", vop="EXP", dst=8192, src1=8192, n=64), encode("HALT")]
+    r = perf.simulate(cfg, [prog, prog], trace=True)
+    trace = r["cards"][0]["trace"]
+    chain = perf.critical_chain([prog, prog], r)
+    assert [(what, n) for what, _, n in chain] == [("COLL all-gather of 64 words", 2)]
+    assert chain[0][1] == max(done for *_, done in trace) - trace[0][2]
+    # a chain of EXPs on one card: every one on it, charged its own time
+    exps = [encode("VEC", vop="EXP", dst=0, src1=0, n=64) for _ in range(3)] + [encode("HALT")]
+    r = perf.simulate(cfg, [exps], trace=True)
+    trace = r["cards"][0]["trace"]
+    (what, cycles, n), = perf.critical_chain([exps], r)
+    assert (what, n) == ("VEC EXP", 3) and cycles == trace[-1][3] - trace[0][2]

@@ -18,6 +18,9 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
 - the collective unit pipelined: it takes the next COLL once the last one's data have moved,
   not after its frames' latency on the links (``CardModel(coll_pipelined=True)``);
 - link latency halved: 250 cycles a hop instead of 500 (a config, for the sensitivity);
+- a split step's second half one part behind the first (``emit.SPLIT_LAG = 1``), not two:
+  its attention beside the first half's attn.c_proj, not the first half's MLP (three or more
+  parts behind would load a layer's parameters over an area the second half still reads);
 - LayerNorm statistics on every card: ``emit.SHARE_LN = False``;
 - MLP columns moved off the card with 7 heads: 192 of its 1,600 to the other three;
 - every COLL one cycle (a bound: the same programs, their collectives free), alone and with
@@ -34,10 +37,13 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
   VSP read and write port for each ring direction (``coll_port_dirs=1``, not built): what its
   own time costs;
 - R = 8: a weight tile meets 8 tokens a cycle (twice the matrix unit's MACs), so a batch of 8
-  is one group, its weights streamed once (not split: split_at leaves no half of two).
+  is one group, its weights streamed once (not split: split_at leaves no half of two); and
+  with everything named above at once (a bound).
 
     python tools/step_whatifs.py            # every row
     python tools/step_whatifs.py "R = 8"    # "as built" and the rows whose name holds the text
+    python tools/step_whatifs.py --chain "everything"   # and what card 0's steps waited on
+                                                        # (host.perf.critical_chain), per row
 """
 
 import sys
@@ -67,8 +73,14 @@ def programs(cfg):
             [cm.step([0] * T, 32) for cm in cms], T)
 
 
+CHAINS = []     # with --chain: (the step, perf.critical_chain of its card 0), the row's
+
+
 def figures(cfg, progs, **what_if):
     one, batch, prefill, T = progs
+    if "--chain" in sys.argv:
+        for step, p in (("decode step, 1 token", one), ("batch step, 8 streams", batch)):
+            CHAINS.append((step, hp.critical_chain(p, hp.simulate(cfg, p, trace=True, **what_if))))
     c1, c8, cp = (hp.simulate(cfg, p, **what_if)["cycles"] for p in (one, batch, prefill))
     return c1, c8, 8 * c1 / c8, cp / T
 
@@ -150,6 +162,8 @@ def main():
          lambda: figures(cfg, base, decoupled=(8, 32))),
         ("the collective unit pipelined", none, lambda: figures(cfg, base, coll_pipelined=True)),
         ("link latency halved (250 cycles)", none, lambda: figures(slow, programs(slow))),
+        ("a split step's second half one part behind the first, not two",
+         patch.object(emit, "SPLIT_LAG", 1), lambda: figures(cfg, programs(cfg))),
         ("LayerNorm statistics on every card", patch.object(emit, "SHARE_LN", False),
          lambda: figures(cfg, programs(cfg))),
         ("192 MLP columns off the card with 7 heads",
@@ -168,17 +182,28 @@ def main():
          lambda: figures(cfg, base, overheads=hp.Overheads(coll_port_dirs=1))),
         ("R = 8: a batch of 8 one group, its weights streamed once", none,
          lambda: figures(wide, programs(wide))),
+        ("R = 8 and everything named at once (a bound)", everything(),
+         lambda: figures(wide, programs(wide), decoupled=(64, 256), coll_pipelined=True, vec_pipelined=True)),
     ]
     print("| what-if, GPT-2 1.5B, 4 u280x4 cards | decode step, 1 token | batch step, 8 streams "
           "| batch 8 / batch 1 tokens/s | prefill step of 32, cycles a token |")
     print("|---|---|---|---|---|")
-    only = sys.argv[1] if len(sys.argv) > 1 else None
+    args = [a for a in sys.argv[1:] if a != "--chain"]
+    only = args[0] if args else None
+    chains = []
     for name, patched, run in rows:
         if only is not None and name != "as built" and only not in name:
             continue
         with patched:
             c1, c8, ratio, per = run()
         print(f"| {name} | {c1:,} | {c8:,} | {ratio:.2f}x | {per:,.0f} |", flush=True)
+        chains += [(name, step, chain) for step, chain in CHAINS]
+        CHAINS.clear()
+    for name, step, chain in chains:
+        print(f"\n{name}, {step}: card 0's chain, {sum(c for _, c, _ in chain):,} cycles\n")
+        print("| on the chain | cycles | instructions |\n|---|---|---|")
+        for what, cycles, n in chain[:12]:
+            print(f"| {what} | {cycles:,} | {n:,} |")
 
 
 if __name__ == "__main__":

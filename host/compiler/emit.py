@@ -35,6 +35,9 @@ GELU_REGIONS = True
 # The prefill all-reduce writes x's fp16 copy into XB itself (COLL.x16, Emitter.projection);
 # False (a what-if, and the tests' reference) converts x with a CVT16 pass.
 ALLREDUCE_X16 = True
+# A split step's second half runs SPLIT_LAG parts behind the first (split_program); 1 is a
+# what-if (tools/step_whatifs.py); more would load a layer's parameters over an area it still reads.
+SPLIT_LAG = 2
 
 
 @dataclass
@@ -868,7 +871,7 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
 
     The order, by parts (``Emitter.items``: the embeddings, per layer Q = LayerNorm and
     c_attn, T = attention, P = attn.c_proj and its collective, M = the MLP and its
-    collective; the LM head), the second half two parts behind the first:
+    collective; the LM head), the second half two parts (SPLIT_LAG) behind the first:
     a.pre b.pre | a.Q0 a.T0 a.P0 b.Q0 a.M0 b.T0 | a.Q1 b.P0 a.T1 b.M0 a.P1 b.Q1 a.M1 b.T1 |
     ... | b.P(L-1) b.M(L-1) a.head b.head. The first half loads the next layer's parameters
     in its P (after the second half's M of the layer before, the last to read that area);
@@ -890,14 +893,9 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
         return (h, 1 + 4 * layer + stage)
 
     Q, A, P, M = range(4)
-    for li in range(L):
-        if li == 0:
-            order += [part(0, 0, Q), part(0, 0, A), part(0, 0, P), part(1, 0, Q), part(0, 0, M),
-                      part(1, 0, A)]
-        else:
-            order += [part(0, li, Q), part(1, li - 1, P), part(0, li, A), part(1, li - 1, M),
-                      part(0, li, P), part(1, li, Q), part(0, li, M), part(1, li, A)]
-    order += [part(1, L - 1, P), part(1, L - 1, M), (0, 1 + 4 * L), (1, 1 + 4 * L)]
+    for j in range(4 * L + SPLIT_LAG):         # the first half's part j, the second's j - lag
+        order += [(0, 1 + j)] * (j < 4 * L) + [(1, 1 + j - SPLIT_LAG)] * (j >= SPLIT_LAG)
+    order += [(0, 1 + 4 * L), (1, 1 + 4 * L)]
     assert sorted(order) == [(h, i) for h in range(2) for i in range(2 + 4 * L)]
     # The COLLs in that order; the orders between the halves that their values depend on.
     colls = []
@@ -925,7 +923,7 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
     if batch is None:      # prefill: the second half's attention reads the first's K and V
         bars += [Barrier(1, start(1, part(1, li, A)[1]), end(0, part(0, li, A)[1])) for li in range(L)]
     bars.append(Barrier(1, start(1, 1 + 4 * L), end(0, 1 + 4 * L)))            # the LM heads' biases
-    merged, where = interleave(cm.cfg, [ea.out, eb.out], bars, coll_order, lead=lead)
+    merged, where = interleave(cm.cfg, [ea.out, eb.out], bars, coll_order, lead=lead, cards=cm.cards)
     half_of = {id(x): h for h, e in enumerate((ea, eb)) for x in e.out if isinstance(x, Job)}
     out = []
     for item in merged:

@@ -45,12 +45,13 @@ class Barrier:
     after: int
 
 
-def interleave(cfg, halves, barriers, coll_order, lead=0):
+def interleave(cfg, halves, barriers, coll_order, lead=0, *, cards):
     """The merged items of ``halves`` (two lists), and for each half the merged position of
     each of its positions (and of its end), as a list. ``coll_order``: [(half, k)], the
-    order of the halves' COLLs (the k-th of half ``half``); ``lead`` >= 0 (above)."""
+    order of the halves' COLLs (the k-th of half ``half``); ``lead`` >= 0 (above);
+    ``cards``: the cards the program runs on (a COLL's estimate), not the config's count."""
     from ..perf import CVT_LAT, VOP_BY_CODE, VOP_LAT, CardModel, coll_cycles  # (its durations)
-    model = CardModel(cfg)
+    model = CardModel(cfg, cards=cards)
     R, depth = cfg.core.reuse, 40
     need = [dict(), dict()]
     for bar in barriers:
@@ -115,7 +116,7 @@ def interleave(cfg, halves, barriers, coll_order, lead=0):
             stores.append(done)
         elif op == "COLL":
             words = f["n"]
-            done = t + coll_cycles(cfg, cfg.cards, words, op="allgather" if f["cop"] == 0 else "allreduce")
+            done = t + coll_cycles(cfg, cards, words, op="allgather" if f["cop"] == 0 else "allreduce")
             free["coll"] = done + 1
             next_coll += 1
         elif op == "LOAD":

@@ -264,3 +264,32 @@ def test_every_lead_of_the_merge_gives_the_same_logits_iss(demo, monkeypatch):
         got.append(np.asarray(logits).view(np.uint32))
     assert len(orders) > 1
     assert all(np.array_equal(g, got[0]) for g in got[1:])
+
+
+@pytest.mark.parametrize("lag", [3, 4])
+def test_three_parameter_areas_and_a_later_second_half_give_the_same_logits_iss(demo, monkeypatch, lag):
+    """The what-if of tools/step_whatifs.py: three layer-parameter areas, a split prefill
+    step's second half ``lag`` parts behind the first (with two areas it may not be): the
+    order differs, the logits on 2 cards (ISS) are bit for bit those of the build's split."""
+    import host.compiler.emit as emit
+    import host.compiler.placement as placement
+    cfg, model, _ = demo
+    tokens = [5, 17, 99, 250, 3, 7, 11, 300, 42]
+
+    def run():
+        cards = make_cards(cfg, model, "iss", 2)
+        _, logits, _ = generate(cfg, cards, None, tokens, 2, keep_logits=True)
+        return cards.cms[0], np.asarray(logits).view(np.uint32)
+
+    cm, want = run()
+    assert split_at(cm, cm.T) and cm.param_areas == 2
+    candidates = placement.candidates
+    monkeypatch.setattr(placement, "candidates", lambda **kw: candidates(**{**kw, "param_areas": 3}))
+    cm3, got = run()              # (three areas: fewer tokens a step on tiny, the same lag)
+    assert cm3.param_areas == 3 and len(set(cm3.plan.v_pars)) == 3 and split_at(cm3, cm3.T)
+    assert np.array_equal(got, want)
+    order = cm3.step(tokens[:cm3.T], 0)
+    monkeypatch.setattr(emit, "SPLIT_LAG", lag)
+    cm3, got = run()
+    assert cm3.step(tokens[:cm3.T], 0) != order
+    assert np.array_equal(got, want)

@@ -342,10 +342,11 @@ def test_compiled_model_uses_the_isa_limits():
         assert mv and all(i.group * i.tokens <= ACC_DEPTH for i in mv)
 
 
-@pytest.mark.parametrize("kw", [{"max_tokens": 0}, {"max_tokens": MAX_TOKENS + 1}, {"param_areas": 3}])
+@pytest.mark.parametrize("kw", [{"max_tokens": 0}, {"max_tokens": MAX_TOKENS + 1}, {"param_areas": 4},
+                                {"param_areas": 0}])
 def test_out_of_range_step_options_are_refused(kw):
-    """More tokens per step than MATVEC.tokens holds (or a parameter-area count other than 1
-    or 2) is refused, not compiled into programs the card rejects."""
+    """More tokens per step than MATVEC.tokens holds (or a parameter-area count other than 1,
+    2 or 3) is refused, not compiled into programs the card rejects."""
     from host.model import load_checkpoint
     from host.runtime import DEMO_MODEL
     tiny = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny.yaml")

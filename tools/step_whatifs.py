@@ -19,8 +19,9 @@ cycles per token; 200 K cycles a ms at 200 MHz). None of the what-ifs but the fi
   not after its frames' latency on the links (``CardModel(coll_pipelined=True)``);
 - link latency halved: 250 cycles a hop instead of 500 (a config, for the sensitivity);
 - a split step's second half one part behind the first (``emit.SPLIT_LAG = 1``), not two:
-  its attention beside the first half's attn.c_proj, not the first half's MLP (three or more
-  parts behind would load a layer's parameters over an area the second half still reads);
+  its attention beside the first half's attn.c_proj, not the first half's MLP; and three or
+  four parts behind, with three layer-parameter areas (``param_areas=3``: with two, the
+  first half would load a layer's parameters over an area the second half still reads);
 - LayerNorm statistics on every card: ``emit.SHARE_LN = False``;
 - MLP columns moved off the card with 7 heads: 192 of its 1,600 to the other three;
 - every COLL one cycle (a bound: the same programs, their collectives free), alone and with
@@ -64,9 +65,9 @@ from host.compiler import CompiledModel  # noqa: E402
 from host.model import SHAPES, Gpt2  # noqa: E402
 
 
-def programs(cfg):
+def programs(cfg, param_areas=None):
     model = Gpt2(SHAPES["gpt2-xl"], None)
-    cms = [CompiledModel(cfg, model, card=i, cards=4, streams=8) for i in range(4)]
+    cms = [CompiledModel(cfg, model, card=i, cards=4, streams=8, param_areas=param_areas) for i in range(4)]
     T = cms[0].T
     return ([cm.step([0], 66) for cm in cms],
             [cm.step_batch([(0, 66, s) for s in range(8)]) for cm in cms],
@@ -164,6 +165,10 @@ def main():
         ("link latency halved (250 cycles)", none, lambda: figures(slow, programs(slow))),
         ("a split step's second half one part behind the first, not two",
          patch.object(emit, "SPLIT_LAG", 1), lambda: figures(cfg, programs(cfg))),
+        ("three parameter areas, the second half three parts behind", patch.object(emit, "SPLIT_LAG", 3),
+         lambda: figures(cfg, programs(cfg, param_areas=3))),
+        ("three parameter areas, the second half four parts behind", patch.object(emit, "SPLIT_LAG", 4),
+         lambda: figures(cfg, programs(cfg, param_areas=3))),
         ("LayerNorm statistics on every card", patch.object(emit, "SHARE_LN", False),
          lambda: figures(cfg, programs(cfg))),
         ("192 MLP columns off the card with 7 heads",

@@ -57,7 +57,7 @@ class CompiledModel:
     all_logits : bool
         Every step stores every token's logits, not only the last's.
     param_areas : int, optional
-        Layer-parameter areas (2 or 1); default 2 where they fit.
+        Layer-parameter areas (2 or 1; 3 a what-if); default 2 where they fit.
     streams : int
         Streams decoded together (``step_batch``), at most the build's core.limits.streams:
         each has its own K/V caches; a stream's own steps (``step(..., stream=s)``) are

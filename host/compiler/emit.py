@@ -36,7 +36,8 @@ GELU_REGIONS = True
 # False (a what-if, and the tests' reference) converts x with a CVT16 pass.
 ALLREDUCE_X16 = True
 # A split step's second half runs SPLIT_LAG parts behind the first (split_program); 1 is a
-# what-if (tools/step_whatifs.py); more would load a layer's parameters over an area it still reads.
+# what-if (tools/step_whatifs.py); more needs more parameter areas than two (the first half would
+# load a layer's parameters over an area the second still reads), 3 and 4 with three are what-ifs.
 SPLIT_LAG = 2
 
 
@@ -400,7 +401,7 @@ class Emitter:
     def layer(self, li, lr):
         """Decoder layer li (rows ``lr``): LayerNorm and c_attn with the K/V caches' STOREs,
         attention, attn.c_proj, the MLP; the next layer's parameters."""
-        par = self.b.v_pars[li % 2]
+        par = self.b.v_pars[li % len(self.b.v_pars)]
         st = _Layer(li, lr, par, tuple(par + o for o in self.params.offsets))
         self.qkv(st)
         self.marks.append(len(self.out))
@@ -409,7 +410,7 @@ class Emitter:
         self.projection([(lr.proj, 0)], self.b.x_att, self.dims.dq, st.biases[1])
         # (the part ends with its COLL: the sums after it wait for it, and begin the next part)
         self.marks.append(self.after_coll)
-        if self.b.param_areas == 2 and self.lead:
+        if self.b.param_areas > 1 and self.lead:
             # Into the other area, while this layer runs: here, where the weight FIFO is
             # full with c_fc's tiles and the read DMA would idle through the LayerNorm (a
             # LOAD fills the VSP at vector_lanes words a cycle; earlier in the layer it
@@ -425,7 +426,7 @@ class Emitter:
         """LOAD layer li + 1's parameters (if any) into its area."""
         if li + 1 < len(self.hbm.layers):
             self.param_loads[li] = len(self.out)
-            self.e("LOAD", vsp=self.b.v_pars[(li + 1) % 2], n=self.params.length,
+            self.e("LOAD", vsp=self.b.v_pars[(li + 1) % len(self.b.v_pars)], n=self.params.length,
                    row=self.hbm.layers[li + 1].params, f32=1)
 
     def _first_params(self, st):
@@ -852,7 +853,7 @@ def split_at(cm, T):
         return None
     R = cm.cfg.core.reuse
     a = min(T - 1, R * -(-T // (2 * R)))
-    if (cm.cards == 1 or cm.plan.param_areas != 2 or cm.dump_hidden or cm.all_logits or not cm.split
+    if (cm.cards == 1 or cm.plan.param_areas < 2 or cm.dump_hidden or cm.all_logits or not cm.split
             or a < 2 or T - a < 2):
         return None
     return a
@@ -918,8 +919,8 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
     bars = [Barrier(1, start(1, part(1, 0, Q)[1]), end(0, part(0, 0, A)[1]))]  # constants, layer 0's
     for li, pos in ea.param_loads.items():       # layer li + 1's parameters, over layer li - 1's
         bars.append(Barrier(1, start(1, part(1, li + 1, Q)[1]), pos + 1))
-        if li > 0:
-            bars.append(Barrier(0, pos, end(1, part(1, li - 1, M)[1])))
+        if li + 1 >= cm.plan.param_areas:       # (the area's last reader: layer li + 1 - areas)
+            bars.append(Barrier(0, pos, end(1, part(1, li + 1 - cm.plan.param_areas, M)[1])))
     if batch is None:      # prefill: the second half's attention reads the first's K and V
         bars += [Barrier(1, start(1, part(1, li, A)[1]), end(0, part(0, li, A)[1])) for li in range(L)]
     bars.append(Barrier(1, start(1, 1 + 4 * L), end(0, 1 + 4 * L)))            # the LM heads' biases

@@ -97,7 +97,8 @@ class Allocator:
 @dataclass(frozen=True)
 class Candidate:
     """A try at a plan: ``param_areas`` layer-parameter areas (2: the next layer's load while
-    this layer runs; 1: the load after the layer's last use), ``T`` tokens per step, and
+    this layer runs; 1: the load after the layer's last use; 3, asked for only: a split
+    step's second half may run further behind, a what-if of tools/step_whatifs.py), ``T`` tokens per step, and
     whether buffers read together are placed apart by VSP segment (``by_segment``)."""
 
     param_areas: int
@@ -113,8 +114,8 @@ def candidates(*, max_tokens=None, param_areas=None):
     and ``param_areas`` fix those where given."""
     if max_tokens is not None and not 1 <= max_tokens <= MAX_TOKENS:
         raise ValueError(f"max_tokens: got {max_tokens}; allowed 1..{MAX_TOKENS} (MATVEC.tokens)")
-    if param_areas is not None and param_areas not in (1, 2):
-        raise ValueError(f"param_areas: got {param_areas}; allowed 1 or 2")
+    if param_areas is not None and param_areas not in (1, 2, 3):
+        raise ValueError(f"param_areas: got {param_areas}; allowed 1, 2 or 3")
     return [Candidate(a, T, s) for s in (True, False) for a in ([param_areas] if param_areas else [2, 1])
             for T in ([max_tokens] if max_tokens else range(MAX_TOKENS, 0, -1))]
 
@@ -148,8 +149,8 @@ class Placement:
     v_a, v_scal : int
         The LayerNorms' x - mean (squared) and the scalars (``Emitter.scalar``), away from the
         matrix unit's outputs where room allows (a segment takes one write a cycle).
-    v_pars : (int, int)
-        The layer-parameter areas, layer i in area i % 2 (the same twice with one area).
+    v_pars : (int, ...)
+        The layer-parameter areas, ``param_areas`` of them, layer i in area i % param_areas.
     v_logits, v_hbias : int or (int, int)
         The LM head's logits and bias: one buffer each with all_logits; else two each (the
         same twice where the whole slice is one ``chunk``), chunk k in buffer k % 2.
@@ -260,7 +261,7 @@ def place(cfg, shape, dims, cand, *, cards, all_logits, gather=None, streams=1, 
     plen = round_up(dims.qS, align) + sum(round_up(n, P) for n in (d, dims.F, d))
     readers = [b["v_y"], b["v_qkv"], b["v_h"]]
     a = v(plen, avoid=readers)
-    b["v_pars"] = (a, v(plen, avoid=readers) if cand.param_areas == 2 else a)
+    b["v_pars"] = (a, *(v(plen, avoid=readers) for _ in range(cand.param_areas - 1)))
     if v.short:
         return NoRoom(v.shortage)
     if all_logits:

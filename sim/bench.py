@@ -385,8 +385,8 @@ def _calibration_cases():
     at position first + s. With several cards, the Verilated appliance (the cards' collective
     units and the link models) runs every card's program of the step, the model the same
     programs together (``host.perf.simulate``); a prefill step there is the runtime's: cut in
-    two halves and merged with the lead the model chooses (host.compiler.tune), a batch of 4 is
-    cut in two halves of 2 (lead 0), as the runtime runs them."""
+    two halves and merged as the model chooses (host.compiler.tune: the lead and the second
+    half's lag), a batch of 4 is cut in two halves of 2 (lead 0), as the runtime runs them."""
     from gen.config import load_config
     from host.model import Gpt2Shape, load_checkpoint, random_gpt2
     from host.runtime import DEMO_MODEL
@@ -417,7 +417,7 @@ def _calibration_cases():
 def calibration_programs(cms, kind, tokens, pos):
     """Every card's program of a calibration step (``_calibration_cases``): ``cms`` one
     CompiledModel per card. The lead of a split prefill step is the model's choice, as the
-    runtime's (host.compiler.tune; kept in ``cms[0].leads``, so a replay gets the same)."""
+    runtime's (host.compiler.tune; kept in ``cms[0].merges``, so a replay gets the same)."""
     from host.compiler.tune import step_programs
     if kind == "batch":
         return [cm.step_batch([(1, pos + s, s) for s in range(tokens)]) for cm in cms]

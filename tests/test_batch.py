@@ -247,22 +247,25 @@ def test_allreduce_x16_computes_what_a_cvt16_pass_does(demo, monkeypatch):
     assert np.array_equal(with_x16, run())
 
 
-def test_every_lead_of_the_merge_gives_the_same_logits_iss(demo, monkeypatch):
-    """A prefill step on 2 cards (ISS) merged with each lead of host.compiler.tune.LEADS: the
-    orders differ, the logits are bit for bit the same (the tuner chooses among them for
-    time only)."""
+def test_every_merge_gives_the_same_logits_iss(demo, monkeypatch):
+    """A prefill step on 2 cards (ISS) merged with each lead of host.compiler.tune.LEADS and
+    each lag of its LAGS: the orders differ, the logits are bit for bit the same (the tuner
+    chooses among them for time only)."""
     import host.compiler.tune as tune
     cfg, model, _ = demo
     tokens = [5, 17, 99, 250, 3, 7, 11, 300, 42]
     got, orders = [], set()
-    for lead in tune.LEADS:
-        monkeypatch.setattr(tune, "LEADS", (lead,))
-        cards = make_cards(cfg, model, "iss", 2)
-        _, logits, _ = generate(cfg, cards, None, tokens, 2, keep_logits=True)
-        assert set(cards.cms[0].leads.values()) == {lead}
-        orders.add(tuple(cards.cms[0].step(tokens[:cards.T], 0, lead=lead)))
-        got.append(np.asarray(logits).view(np.uint32))
-    assert len(orders) > 1
+    for lag in tune.LAGS:
+        for lead in tune.LEADS:
+            monkeypatch.setattr(tune, "LEADS", (lead,))
+            monkeypatch.setattr(tune, "LAGS", (lag,))
+            cards = make_cards(cfg, model, "iss", 2)
+            _, logits, _ = generate(cfg, cards, None, tokens, 2, keep_logits=True)
+            assert set(cards.cms[0].merges.values()) == {(lead, lag)}
+            orders.add(tuple(cards.cms[0].step(tokens[:cards.T], 0, lead=lead, lag=lag)))
+            got.append(np.asarray(logits).view(np.uint32))
+            monkeypatch.undo()
+    assert len(orders) > 4
     assert all(np.array_equal(g, got[0]) for g in got[1:])
 
 
@@ -271,8 +274,8 @@ def test_three_parameter_areas_and_a_later_second_half_give_the_same_logits_iss(
     """The what-if of tools/step_whatifs.py: three layer-parameter areas, a split prefill
     step's second half ``lag`` parts behind the first (with two areas it may not be): the
     order differs, the logits on 2 cards (ISS) are bit for bit those of the build's split."""
-    import host.compiler.emit as emit
     import host.compiler.placement as placement
+    import host.compiler.tune as tune
     cfg, model, _ = demo
     tokens = [5, 17, 99, 250, 3, 7, 11, 300, 42]
 
@@ -285,11 +288,14 @@ def test_three_parameter_areas_and_a_later_second_half_give_the_same_logits_iss(
     assert split_at(cm, cm.T) and cm.param_areas == 2
     candidates = placement.candidates
     monkeypatch.setattr(placement, "candidates", lambda **kw: candidates(**{**kw, "param_areas": 3}))
-    cm3, got = run()              # (three areas: fewer tokens a step on tiny, the same lag)
+    cm3, got = run()              # (three areas: fewer tokens a step on tiny)
     assert cm3.param_areas == 3 and len(set(cm3.plan.v_pars)) == 3 and split_at(cm3, cm3.T)
     assert np.array_equal(got, want)
-    order = cm3.step(tokens[:cm3.T], 0)
-    monkeypatch.setattr(emit, "SPLIT_LAG", lag)
+    merge = cm3.merges[cm3.T]
+    monkeypatch.setattr(tune, "LAGS", (lag,))
     cm3, got = run()
-    assert cm3.step(tokens[:cm3.T], 0) != order
+    assert cm3.merges[cm3.T][1] == lag
+    assert cm3.step(tokens[:cm3.T], 0, lag=lag) != cm3.step(tokens[:cm3.T], 0, lag=merge[1])
     assert np.array_equal(got, want)
+    with pytest.raises(ValueError, match="lag 7"):
+        cm3.step(tokens[:cm3.T], 0, lag=7)

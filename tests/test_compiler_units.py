@@ -484,52 +484,64 @@ def test_split_program_interleaves_the_halves_in_their_orders(xl4):
     assert all(subsequence(h) for h in halves)
 
 
-def test_the_lead_only_reorders_each_half(xl4):
-    """Every lead of the merge (interleave) keeps each half's instructions in their order and
-    the cards' COLLs alike; the leads do give different orders (the knob the tuner turns)."""
-    from host.compiler.tune import LEADS
+def test_the_merge_only_reorders_each_half(xl4):
+    """Every lead and lag of the merge (interleave) keeps each half's instructions in their
+    order and the cards' COLLs alike (a lag orders them differently, the same on every card;
+    a lead does not reorder them); they do give different orders (the knobs the tuner
+    turns)."""
+    from host.compiler.tune import LAGS, LEADS
     _, cms = xl4
     cms = [cms[0], cms[3]]          # (6 heads and 7)
-    progs = {lead: [cm.step([0] * 8, 56, lead=lead) for cm in cms] for lead in LEADS}
-    for lead, ps in progs.items():
-        base = progs[0]
+    progs = {(lead, lag): [cm.step([0] * 8, 56, lead=lead, lag=lag) for cm in cms]
+             for lag in LAGS for lead in LEADS}
+    def colls(p):
+        return [w for w in p if decode(w).op == "COLL"]
+
+    for (lead, lag), ps in progs.items():
+        base = progs[0, LAGS[0]]
         for p, b in zip(ps, base, strict=True):
             assert sorted(w for w in p if decode(w).op != "WLOAD") == \
-                sorted(w for w in b if decode(w).op != "WLOAD"), lead
-        colls = [[w for w in p if decode(w).op == "COLL"] for p in ps]
-        assert colls == [[w for w in b if decode(w).op == "COLL"] for b in base], lead
-    assert len({tuple(progs[lead][1]) for lead in LEADS}) > 1
+                sorted(w for w in b if decode(w).op != "WLOAD"), (lead, lag)
+        for c, p in enumerate(ps):
+            assert sorted(colls(p)) == sorted(colls(base[c])), (lead, lag)
+            assert colls(p) == colls(progs[0, lag][c]), (lead, lag)
+        kinds = [[(decode(w).cop, decode(w).n) for w in colls(p)] for p in ps]
+        assert kinds[0] == kinds[1], (lead, lag)
+    assert len({tuple(ps[1]) for ps in progs.values()}) > len(LEADS)
 
 
-def test_step_programs_keeps_the_fastest_lead():
-    """The tuner merges a split step with every lead, keeps the one ``measure`` finds fastest
-    (ties: the smaller), remembers it for the step size and measures nothing more for it;
-    steps that are not split (one card, one token) are never measured."""
-    from host.compiler.tune import LEADS, step_programs, tuned, untuned
+def test_step_programs_keeps_the_fastest_merge():
+    """The tuner merges a split step with every lead and lag, keeps the merge ``measure``
+    finds fastest (ties: the first tried, the default lag's and the smaller lead),
+    remembers it for the step size and measures nothing more for it; steps that are not
+    split (one card, one token) are never measured."""
+    from host.compiler.tune import LAGS, LEADS, step_programs, tuned, untuned
     model = Gpt2(SHAPES["gpt2"], None)
     cfg = load_config(ROOT / "configs" / "u280x4.yaml")
     cms = [CompiledModel(cfg, model, card=i, cards=2) for i in range(2)]
-    cost = {0: 50, 1: 30, 2: 40, 3: 30}
-    which = {tuple(tuple(p) for p in [cm.step([0] * 8, 16, lead=k) for cm in cms]): k for k in LEADS}
-    assert len(which) == len(LEADS)
+    merges = [(lead, lag) for lag in LAGS for lead in LEADS]
+    cost = dict(zip(merges, [50, 40, 45, 40, 60, 30, 55, 30], strict=True))
+    which = {tuple(tuple(p) for p in [cm.step([0] * 8, 16, lead=k, lag=g) for cm in cms]): (k, g)
+             for k, g in merges}
+    assert len(which) == len(merges) == 8
     seen = []
 
     def measure(progs):
-        lead = which[tuple(tuple(p) for p in progs)]
-        seen.append(lead)
-        return cost[lead]
+        merge = which[tuple(tuple(p) for p in progs)]
+        seen.append(merge)
+        return cost[merge]
 
     assert untuned(cms, 8) and not untuned(cms, 1)
     progs, cycles = tuned(cms, [0] * 8, 16, measure=measure)
-    assert seen == list(LEADS) and cycles == 30 and cms[0].leads == {8: 1} and not untuned(cms, 8)
-    assert progs == [cm.step([0] * 8, 16, lead=1) for cm in cms]
+    assert seen == merges and cycles == 30 and cms[0].merges == {8: (1, 1)} and not untuned(cms, 8)
+    assert progs == [cm.step([0] * 8, 16, lead=1, lag=1) for cm in cms]
     again, cycles = tuned(cms, [0] * 8, 40, measure=measure)
-    assert cycles is None and seen == list(LEADS)
-    assert again == [cm.step([0] * 8, 40, lead=1) for cm in cms]
+    assert cycles is None and seen == merges
+    assert again == [cm.step([0] * 8, 40, lead=1, lag=1) for cm in cms]
     assert step_programs(cms, [0], 40, measure=measure) == [cm.step([0], 40) for cm in cms]
     one = CompiledModel(cfg, model)
     assert step_programs([one], [0] * 8, 40, measure=measure) == [one.step([0] * 8, 40)]
-    assert seen == list(LEADS)
+    assert seen == merges
 
 
 def test_layer_norm_statistics_are_shared_out(xl4):

@@ -88,7 +88,7 @@ class CompiledModel:
         self.weights = model.weights      # None: a shapes-only compile (programs, no image)
         self.dump_hidden, self.all_logits = dump_hidden, all_logits
         self.split = split       # steps of several tokens as two interleaved halves (split_at)
-        self.leads = {}          # a split step's size -> its merge's lead (host.compiler.tune)
+        self.merges = {}         # a split step's size -> its merge's (lead, lag) (host.compiler.tune)
         sh, c = self.sh, cfg.core
         check_limits(cfg, sh)
         if not 1 <= streams <= c.limits.streams:
@@ -159,10 +159,12 @@ class CompiledModel:
                 write_stripes(dev, self.cfg, k, np.zeros(kv.k_rows * S, np.uint8))
                 write_stripes(dev, self.cfg, v, np.zeros(kv.v_rows * S, np.uint8))
 
-    def step(self, tokens, pos0, stream=0, lead=0):
+    def step(self, tokens, pos0, stream=0, lead=0, lag=None):
         """Program for ``tokens`` (at most T) of stream ``stream`` at positions pos0, pos0 + 1,
-        ...; ``lead``: the merge's, where the step is split in two halves (interleave; any
-        lead computes the same values: ``host.compiler.tune`` chooses it for time)."""
+        ...; ``lead`` and ``lag``: the merge's, where the step is split in two halves
+        (interleave's lead; the parts the second half runs behind the first, default
+        emit.SPLIT_LAG). Every merge computes the same values: ``host.compiler.tune`` chooses
+        it for time."""
         T = len(tokens)
         if not 1 <= T <= self.T:
             raise ValueError(f"step: {T} tokens; 1..{self.T} allowed")
@@ -172,7 +174,7 @@ class CompiledModel:
             raise UserError(f"prompt: position {pos0 + T - 1} is beyond the model's context "
                             f"({self.sh.n_positions} positions)")
         if split_at(self, T) is not None:
-            return split_program(self, list(tokens), pos0, stream=stream, lead=lead)
+            return split_program(self, list(tokens), pos0, stream=stream, lead=lead, lag=lag)
         return Emitter(self, list(tokens), pos0, stream=stream).program()
 
     def step_batch(self, batch, lead=0):

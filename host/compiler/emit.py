@@ -35,9 +35,10 @@ GELU_REGIONS = True
 # The prefill all-reduce writes x's fp16 copy into XB itself (COLL.x16, Emitter.projection);
 # False (a what-if, and the tests' reference) converts x with a CVT16 pass.
 ALLREDUCE_X16 = True
-# A split step's second half runs SPLIT_LAG parts behind the first (split_program); 1 is a
-# what-if (tools/step_whatifs.py); more needs more parameter areas than two (the first half would
-# load a layer's parameters over an area the second still reads), 3 and 4 with three are what-ifs.
+# A split step's second half runs SPLIT_LAG parts behind the first (split_program), unless the
+# merge asks otherwise: host.compiler.tune tries 1 and 2 for prefill steps. More needs more
+# parameter areas than two (the first half would load a layer's parameters over an area the
+# second still reads): 3 and 4 with three are what-ifs (tools/step_whatifs.py).
 SPLIT_LAG = 2
 
 
@@ -859,7 +860,7 @@ def split_at(cm, T):
     return a
 
 
-def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
+def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0, lag=None):
     """A step of several tokens as two halves whose instructions interleave, so that one
     half's collectives and vector work run beside the other's MATVECs (in-order issue holds
     an instruction behind a COLL's or a MATVEC's reader; the other half's work does not
@@ -876,7 +877,9 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
     a.pre b.pre | a.Q0 a.T0 a.P0 b.Q0 a.M0 b.T0 | a.Q1 b.P0 a.T1 b.M0 a.P1 b.Q1 a.M1 b.T1 |
     ... | b.P(L-1) b.M(L-1) a.head b.head. The first half loads the next layer's parameters
     in its P (after the second half's M of the layer before, the last to read that area);
-    every card has the same COLLs in the same order. ``lead``: the merge's (interleave)."""
+    every card has the same COLLs in the same order. ``lead``: the merge's (interleave);
+    ``lag``: the parts the second half runs behind the first (default SPLIT_LAG; 1 or 2
+    with two parameter areas, up to 6 with three)."""
     T = len(tokens)
     a = split_at(cm, T)
     halves = []
@@ -894,8 +897,12 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0):
         return (h, 1 + 4 * layer + stage)
 
     Q, A, P, M = range(4)
-    for j in range(4 * L + SPLIT_LAG):         # the first half's part j, the second's j - lag
-        order += [(0, 1 + j)] * (j < 4 * L) + [(1, 1 + j - SPLIT_LAG)] * (j >= SPLIT_LAG)
+    lag = SPLIT_LAG if lag is None else lag
+    if not 1 <= lag <= 4 * cm.plan.param_areas - 6:     # (the loads' barriers below allow it)
+        raise ValueError(f"split_program: lag {lag}; allowed 1..{4 * cm.plan.param_areas - 6} "
+                         f"with {cm.plan.param_areas} parameter areas")
+    for j in range(4 * L + lag):         # the first half's part j, the second's j - lag
+        order += [(0, 1 + j)] * (j < 4 * L) + [(1, 1 + j - lag)] * (j >= lag)
     order += [(0, 1 + 4 * L), (1, 1 + 4 * L)]
     assert sorted(order) == [(h, i) for h in range(2) for i in range(2 + 4 * L)]
     # The COLLs in that order; the orders between the halves that their values depend on.

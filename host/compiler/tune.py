@@ -1,4 +1,4 @@
-"""Every card's program of a step, the split step's merge lead chosen by the performance model.
+"""Every card's program of a step, the split step's merge chosen by the performance model.
 
 A step cut in two halves (``emit.split_at``) is merged by a greedy estimate of the card's
 timing (``interleave``) whose ``lead`` biases it towards the vector unit's work. No one lead
@@ -11,17 +11,22 @@ each lead of ``LEADS``, every card's program run through the performance model
 kept: the step it is chosen on never runs slower, by the model, than with the merge's plain
 estimate (lead 0), and every lead computes the same values (the merge only orders).
 
-The lead found for a step size is kept (``CompiledModel.leads``, on the first card's) and used
-for later steps of that size at other positions (the programs differ there only in the
-attention's length); decode batches are merged with lead 0 (no lead helped them: the same
-section).
+The merge also chooses the second half's lag (``LAGS``: the parts it runs behind the first,
+``emit.split_program``): one part behind won a prefill step of 32 tokens of GPT-2 1.5B on 4
+u280x4 cards by 2.8% over the best lead at two (docs/performance.md, "What the batch floor
+needs"), and lost elsewhere. The (lead, lag) found for a step size is kept
+(``CompiledModel.merges``, on the first card's) and used for later steps of that size at
+other positions (the programs differ there only in the attention's length); decode batches
+are merged with lead 0 and lag emit.SPLIT_LAG (no lead helped them, and one part behind
+costs a batch of 8 streams 9%: the same sections).
 """
 
 from .emit import split_at
 
-__all__ = ["LEADS", "step_programs", "tuned", "untuned"]
+__all__ = ["LAGS", "LEADS", "step_programs", "tuned", "untuned"]
 
 LEADS = (0, 1, 2, 3)
+LAGS = (2, 1)          # (emit.SPLIT_LAG first: the default wins ties)
 
 
 def step_programs(cms, tokens, pos0, stream=0, measure=None):
@@ -33,30 +38,32 @@ def step_programs(cms, tokens, pos0, stream=0, measure=None):
 
 
 def untuned(cms, T):
-    """Whether a step of T tokens on ``cms`` would be tuned now (split, its lead not known):
-    LEADS merges and model runs, seconds for the tiny config, minutes for GPT-2 1.5B."""
-    return len(cms) > 1 and split_at(cms[0], T) is not None and T not in cms[0].leads
+    """Whether a step of T tokens on ``cms`` would be tuned now (split, its merge not known):
+    LEADS x LAGS merges and model runs, seconds for the tiny config, minutes for GPT-2 1.5B."""
+    return len(cms) > 1 and split_at(cms[0], T) is not None and T not in cms[0].merges
 
 
 def tuned(cms, tokens, pos0, stream=0, measure=None):
-    """``step_programs``' programs and their cycles by ``measure`` where the lead was chosen
-    by this call (else None: not split, or the lead known)."""
+    """``step_programs``' programs and their cycles by ``measure`` where the merge was chosen
+    by this call (else None: not split, or the merge known)."""
     T = len(tokens)
     first = cms[0]
     if len(cms) == 1 or split_at(first, T) is None:
         return [cm.step(tokens, pos0, stream) for cm in cms], None
-    if T in first.leads:
-        return [cm.step(tokens, pos0, stream, lead=first.leads[T]) for cm in cms], None
+    if T in first.merges:
+        lead, lag = first.merges[T]
+        return [cm.step(tokens, pos0, stream, lead=lead, lag=lag) for cm in cms], None
     if measure is None:
         from ..perf import simulate  # (the model runs the programs it is given)
 
         def measure(progs):
             return simulate(first.cfg, progs)["cycles"]
     best = None
-    for lead in LEADS:
-        progs = [cm.step(tokens, pos0, stream, lead=lead) for cm in cms]
-        cycles = measure(progs)
-        if best is None or cycles < best[0]:
-            best = (cycles, lead, progs)
-    first.leads[T] = best[1]
+    for lag in LAGS:
+        for lead in LEADS:
+            progs = [cm.step(tokens, pos0, stream, lead=lead, lag=lag) for cm in cms]
+            cycles = measure(progs)
+            if best is None or cycles < best[0]:
+                best = (cycles, (lead, lag), progs)
+    first.merges[T] = best[1]
     return best[2], best[0]

@@ -924,7 +924,7 @@ def split_program(cm, tokens, pos0, stream=0, batch=None, lead=0, lag=None):
         return halves[h][2][i] + len(halves[h][1][i])
 
     bars = [Barrier(1, start(1, part(1, 0, Q)[1]), end(0, part(0, 0, A)[1]))]  # constants, layer 0's
-    for li, pos in ea.param_loads.items():       # layer li + 1's parameters, over layer li - 1's
+    for li, pos in ea.param_loads.items():   # layer li + 1's parameters, where layer li + 1 - areas's were
         bars.append(Barrier(1, start(1, part(1, li + 1, Q)[1]), pos + 1))
         if li + 1 >= cm.plan.param_areas:       # (the area's last reader: layer li + 1 - areas)
             bars.append(Barrier(0, pos, end(1, part(1, li + 1 - cm.plan.param_areas, M)[1])))

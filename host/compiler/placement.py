@@ -98,8 +98,9 @@ class Allocator:
 class Candidate:
     """A try at a plan: ``param_areas`` layer-parameter areas (2: the next layer's load while
     this layer runs; 1: the load after the layer's last use; 3, asked for only: a split
-    step's second half may run further behind, a what-if of tools/step_whatifs.py), ``T`` tokens per step, and
-    whether buffers read together are placed apart by VSP segment (``by_segment``)."""
+    step's second half may run further behind, a what-if of tools/step_whatifs.py), ``T``
+    tokens per step, and whether buffers read together are placed apart by VSP segment
+    (``by_segment``)."""
 
     param_areas: int
     T: int

@@ -14,12 +14,12 @@ estimate (lead 0), and every lead computes the same values (the merge only order
 The merge also chooses the second half's lag (``LAGS``: the parts it runs behind the first,
 ``emit.split_program``): with it every multi-card prefill figure of ``gptfpga bench perf``
 (GPT-2 medium, large and XL on 2 and 4 u280x4 cards) fell by up to 3.5% (none rose),
-GPT-2 1.5B's on 4 cards by 2.8% (one part behind at lead 1: docs/performance.md, "What the batch floor
-needs"). The (lead, lag) found for a step size is kept
-(``CompiledModel.merges``, on the first card's) and used for later steps of that size at
-other positions (the programs differ there only in the attention's length); decode batches
-are merged with lead 0 and lag emit.SPLIT_LAG (no lead helped them, and one part behind
-costs a batch of 8 streams 9%: the same sections).
+GPT-2 1.5B's on 4 cards by 2.8% (one part behind at lead 1: docs/performance.md, "What the
+batch floor needs"). The (lead, lag) found for a step size is kept (``CompiledModel.merges``,
+on the first card's) and used for later steps of that size at other positions (the programs
+differ there only in the attention's length); decode batches are merged with lead 0 and lag
+emit.SPLIT_LAG (no lead helped them, and one part behind costs a batch of 8 streams 9%: the
+same sections).
 """
 
 from .emit import split_at

@@ -74,15 +74,18 @@ def programs(cfg, param_areas=None):
             [cm.step([0] * T, 32) for cm in cms], T)
 
 
+CHAIN = "--chain" in sys.argv
 CHAINS = []     # with --chain: (the step, perf.critical_chain of its card 0), the row's
 
 
 def figures(cfg, progs, **what_if):
     one, batch, prefill, T = progs
-    if "--chain" in sys.argv:
-        for step, p in (("decode step, 1 token", one), ("batch step, 8 streams", batch)):
-            CHAINS.append((step, hp.critical_chain(p, hp.simulate(cfg, p, trace=True, **what_if))))
-    c1, c8, cp = (hp.simulate(cfg, p, **what_if)["cycles"] for p in (one, batch, prefill))
+    (r1, r8), rp = ([hp.simulate(cfg, p, trace=CHAIN, **what_if) for p in (one, batch)],
+                    hp.simulate(cfg, prefill, **what_if))
+    if CHAIN:           # (the decode and batch steps' runs, traced)
+        CHAINS.extend((step, hp.critical_chain(p, r)) for step, p, r in
+                      (("decode step, 1 token", one, r1), ("batch step, 8 streams", batch, r8)))
+    c1, c8, cp = r1["cycles"], r8["cycles"], rp["cycles"]
     return c1, c8, 8 * c1 / c8, cp / T
 
 
